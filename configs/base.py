@@ -1,0 +1,101 @@
+"""Defaults shared by every task. Task files override; the result is locked.
+
+Values are the reference harness's (google-research/long-range-arena) where it
+had one; see ../shared/reference/lra_configs.md for their sources.
+"""
+
+import ml_collections
+
+
+def get_base_config():
+  c = ml_collections.ConfigDict()
+  # Task registry key (lra/tasks.py); set by the task file.
+  c.task = ''
+  # Model registry key (configs/models.py); set from the `:<model>` argument.
+  c.model_name = ''
+  # Seeds parameters, data order and dropout; same seed, same run.
+  c.seed = 0
+  # Data root; '' means $LRA_DATA_DIR or ~/lra_data.
+  c.data_dir = ''
+  # Task-specific data options (variant, resolution, ...); see the task file.
+  c.data = ml_collections.ConfigDict()
+  # Sequence length the model sees (inputs cut or padded to it).
+  c.max_length = 0
+
+  # Global batch size, split over all devices (must divide evenly).
+  c.batch_size = 32
+  # Eval batch size; 0 means batch_size.
+  c.eval_batch_size = 0
+  # Optimizer steps to train.
+  c.num_train_steps = 5000
+  # Evaluate on validation every N steps (and at the end).
+  c.eval_every_steps = 500
+  # Save a checkpoint every N steps (and at the end).
+  c.checkpoint_every_steps = 500
+  # Log training metrics every N steps.
+  c.log_every_steps = 50
+  # Checkpoints of the latest steps to keep (the best one is kept apart).
+  c.keep_checkpoints = 2
+
+  # Peak learning rate.
+  c.learning_rate = 0.05
+  # 'rsqrt' (linear warmup, then 1/sqrt(step)), 'cosine' or 'constant'.
+  c.schedule = 'rsqrt'
+  # Linear warmup steps.
+  c.warmup_steps = 1000
+  # Decoupled weight decay, multiplied by the learning rate (optax.adamw).
+  c.weight_decay = 0.1
+  # Adam moments and epsilon.
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  # Clip gradients to this global norm; 0 disables clipping.
+  c.grad_clip_norm = 0.0
+  # Accumulate gradients over N micro-batches (optax.MultiSteps).
+  c.grad_accum_steps = 1
+  # Compute dtype of activations: 'float32' or 'bfloat16'. Params stay f32.
+  c.dtype = 'float32'
+
+  m = c.model = ml_collections.ConfigDict()
+  # Transformer blocks.
+  m.num_layers = 4
+  # Width of the residual stream (token embedding size).
+  m.emb_dim = 512
+  # Total width of queries/keys/values over all heads.
+  m.qkv_dim = 512
+  # Attention heads.
+  m.num_heads = 8
+  # Hidden width of the feed-forward block and of the classifier head.
+  m.mlp_dim = 1024
+  # Dropout on embeddings, residual branches and the feed-forward block.
+  m.dropout_rate = 0.1
+  # Dropout on attention weights (cores that have explicit weights).
+  m.attention_dropout_rate = 0.1
+  # Pooling for classification: 'cls' (prepended token), 'mean' or 'max'.
+  m.pooling = 'cls'
+  # Absolute positions: 'sinusoidal', 'learned' or 'none'.
+  m.positions = 'sinusoidal'
+  # Attention core: registry name + its options (models/attention/registry.py).
+  m.attention = ml_collections.ConfigDict({'name': 'softmax'})
+  return c
+
+
+def finalize(c, presets):
+  """Checks the preset names and locks the config (a misspelt key fails)."""
+  unknown = [p for p in presets if p not in PRESETS]
+  if unknown:
+    raise ValueError(
+        f'Unknown preset {unknown[0]!r}; known presets: {", ".join(PRESETS)}.'
+    )
+  c.lock()
+  return c
+
+
+# Preset names understood by every task file (each task defines what they do).
+PRESETS = ('small', 'smoke')
+
+
+def parse_arg(arg):
+  """'performer,small' -> ('performer', ['small'])."""
+  parts = [p.strip() for p in (arg or 'transformer').split(',') if p.strip()]
+  return parts[0], parts[1:]
