@@ -22,6 +22,58 @@ MODELS = {
 TASK_OVERRIDES = {}
 
 
+def _table(task, rows, keys, extra=None):
+  for model, values in rows.items():
+    entry = dict(zip(keys, values))
+    entry.update((extra or {}).get(model, {}))
+    TASK_OVERRIDES[(task, model)] = entry
+
+
+_ARCH = ('model.num_layers', 'model.num_heads', 'model.emb_dim',
+         'model.qkv_dim', 'model.mlp_dim')
+# Image: layers / heads / emb / qkv / mlp / pooling. The reference's bigbird
+# misspelt num_heads (its run used 1 head); we use the 4 it asked for.
+_table('image', {
+    'transformer': (1, 8, 128, 64, 128, 'cls'),
+    'bigbird': (1, 4, 128, 64, 128, 'cls'),
+    'linear_transformer': (1, 8, 128, 64, 128, 'cls'),
+    'linformer': (1, 8, 128, 64, 128, 'cls'),
+    'local': (1, 2, 128, 64, 128, 'mean'),
+    'longformer': (4, 4, 128, 64, 128, 'mean'),
+    'performer': (1, 8, 128, 64, 128, 'cls'),
+    'reformer': (4, 8, 64, 32, 64, 'cls'),
+    'sparse_transformer': (1, 8, 128, 64, 128, 'cls'),
+    'synthesizer': (1, 8, 128, 64, 128, 'cls'),
+}, _ARCH + ('model.pooling',), extra={
+    'bigbird': {'model.attention.block_size': 64},
+    'local': {'model.attention.block_size': 64},
+})
+# Sinkhorn on image: the base architecture with these changes.
+TASK_OVERRIDES[('image', 'sinkhorn')] = {
+    'model.num_layers': 1, 'model.attention.block_size': 64,
+    'weight_decay': 0.7, 'model.dropout_rate': 0.1}
+# Pathfinder-32: layers / heads / emb / qkv / mlp / dropout (MEAN pooling).
+_table('pathfinder', {
+    'transformer': (4, 4, 32, 16, 32, 0.2),
+    'bigbird': (4, 2, 64, 32, 64, 0.2),
+    'linear_transformer': (1, 2, 128, 64, 128, 0.2),
+    'linformer': (1, 2, 32, 16, 32, 0.2),
+    'local': (2, 4, 64, 32, 64, 0.1),
+    'longformer': (2, 2, 32, 16, 32, 0.1),
+    # The maintainers later gave 1/8/128/64/128 as the setting that
+    # reproduces the paper's 77.05; the config file said 4/8/32/16/32.
+    'performer': (1, 8, 128, 64, 128, 0.2),
+    'reformer': (2, 8, 64, 32, 64, 0.2),
+    'sinkhorn': (2, 4, 32, 16, 64, 0.2),
+    'sparse_transformer': (1, 8, 32, 16, 32, 0.2),
+    'synthesizer': (2, 4, 64, 32, 64, 0.2),
+}, _ARCH + ('model.dropout_rate',), extra={
+    'bigbird': {'model.attention.block_size': 64},
+    'local': {'model.attention.block_size': 64},
+    'sinkhorn': {'model.attention.block_size': 64},
+})
+
+
 def known_models():
   return tuple(MODELS)
 
