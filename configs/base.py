@@ -85,7 +85,7 @@ def finalize(c, presets):
   unknown = [p for p in presets if p not in PRESETS]
   if unknown:
     raise ValueError(
-        f'Unknown preset {unknown[0]!r}; known presets: {", ".join(PRESETS)}.'
+      f'Unknown preset {unknown[0]!r}; known presets: {", ".join(PRESETS)}.'
     )
   c.lock()
   return c

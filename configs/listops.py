@@ -23,8 +23,7 @@ Presets:
   smoke: a few seconds, for tests.
 """
 
-from configs import base
-from configs import models
+from configs import base, models
 
 
 def get_config(arg=None):

@@ -9,11 +9,11 @@ import ml_collections
 
 # Registry key -> `model.attention` block (core name + its options).
 MODELS = {
-    # The exact softmax attention as LRA measured it: einsum, explicit L x L.
-    'transformer': {'name': 'softmax', 'implementation': 'einsum'},
-    # The same function through jax.nn.dot_product_attention (cuDNN flash
-    # attention on GPU). It has no attention dropout.
-    'transformer_fused': {'name': 'softmax', 'implementation': 'fused'},
+  # The exact softmax attention as LRA measured it: einsum, explicit L x L.
+  'transformer': {'name': 'softmax', 'implementation': 'einsum'},
+  # The same function through jax.nn.dot_product_attention (cuDNN flash
+  # attention on GPU). It has no attention dropout.
+  'transformer_fused': {'name': 'softmax', 'implementation': 'fused'},
 }
 
 # (task, model) -> flattened overrides, the reference harness's per-model
@@ -29,11 +29,18 @@ def _table(task, rows, keys, extra=None):
     TASK_OVERRIDES[(task, model)] = entry
 
 
-_ARCH = ('model.num_layers', 'model.num_heads', 'model.emb_dim',
-         'model.qkv_dim', 'model.mlp_dim')
+_ARCH = (
+  'model.num_layers',
+  'model.num_heads',
+  'model.emb_dim',
+  'model.qkv_dim',
+  'model.mlp_dim',
+)
 # Image: layers / heads / emb / qkv / mlp / pooling. The reference's bigbird
 # misspelt num_heads (its run used 1 head); we use the 4 it asked for.
-_table('image', {
+_table(
+  'image',
+  {
     'transformer': (1, 8, 128, 64, 128, 'cls'),
     'bigbird': (1, 4, 128, 64, 128, 'cls'),
     'linear_transformer': (1, 8, 128, 64, 128, 'cls'),
@@ -44,16 +51,24 @@ _table('image', {
     'reformer': (4, 8, 64, 32, 64, 'cls'),
     'sparse_transformer': (1, 8, 128, 64, 128, 'cls'),
     'synthesizer': (1, 8, 128, 64, 128, 'cls'),
-}, _ARCH + ('model.pooling',), extra={
+  },
+  _ARCH + ('model.pooling',),
+  extra={
     'bigbird': {'model.attention.block_size': 64},
     'local': {'model.attention.block_size': 64},
-})
+  },
+)
 # Sinkhorn on image: the base architecture with these changes.
 TASK_OVERRIDES[('image', 'sinkhorn')] = {
-    'model.num_layers': 1, 'model.attention.block_size': 64,
-    'weight_decay': 0.7, 'model.dropout_rate': 0.1}
+  'model.num_layers': 1,
+  'model.attention.block_size': 64,
+  'weight_decay': 0.7,
+  'model.dropout_rate': 0.1,
+}
 # Pathfinder-32: layers / heads / emb / qkv / mlp / dropout (MEAN pooling).
-_table('pathfinder', {
+_table(
+  'pathfinder',
+  {
     'transformer': (4, 4, 32, 16, 32, 0.2),
     'bigbird': (4, 2, 64, 32, 64, 0.2),
     'linear_transformer': (1, 2, 128, 64, 128, 0.2),
@@ -67,11 +82,14 @@ _table('pathfinder', {
     'sinkhorn': (2, 4, 32, 16, 64, 0.2),
     'sparse_transformer': (1, 8, 32, 16, 32, 0.2),
     'synthesizer': (2, 4, 64, 32, 64, 0.2),
-}, _ARCH + ('model.dropout_rate',), extra={
+  },
+  _ARCH + ('model.dropout_rate',),
+  extra={
     'bigbird': {'model.attention.block_size': 64},
     'local': {'model.attention.block_size': 64},
     'sinkhorn': {'model.attention.block_size': 64},
-})
+  },
+)
 
 
 def known_models():
@@ -81,8 +99,7 @@ def known_models():
 def apply_model(c, model_name):
   if model_name not in MODELS:
     raise ValueError(
-        f'Unknown model {model_name!r}; known models: '
-        f'{", ".join(MODELS)}.'
+      f'Unknown model {model_name!r}; known models: {", ".join(MODELS)}.'
     )
   c.model_name = model_name
   c.model.attention = ml_collections.ConfigDict(dict(MODELS[model_name]))

@@ -40,8 +40,8 @@ def write_info(cache_dir, **info):
 
 def has_split(cache_dir, split):
   return all(
-      os.path.exists(os.path.join(cache_dir, f'{split}_{n}.npy'))
-      for n in ('inputs', 'labels')
+    os.path.exists(os.path.join(cache_dir, f'{split}_{n}.npy'))
+    for n in ('inputs', 'labels')
   )
 
 
@@ -53,9 +53,11 @@ def load_split(cache_dir, split):
   """Returns (inputs, labels); inputs memory-mapped."""
   if not has_split(cache_dir, split):
     raise UserError(
-        f'No cached {split!r} split in {cache_dir}; run '
-        '`python -m lra.prepare <task> --data_dir DIR` first.'
+      f'No cached {split!r} split in {cache_dir}; run '
+      '`python -m lra.prepare <task> --data_dir DIR` first.'
     )
-  inputs = np.load(os.path.join(cache_dir, f'{split}_inputs.npy'), mmap_mode='r')
+  inputs = np.load(
+    os.path.join(cache_dir, f'{split}_inputs.npy'), mmap_mode='r'
+  )
   labels = np.load(os.path.join(cache_dir, f'{split}_labels.npy'))
   return inputs, labels

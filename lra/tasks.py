@@ -47,27 +47,25 @@ class Task:
 
 
 TASKS = {
-    t.name: t
-    for t in [
-        Task('listops', 10, 16, 0, 1, True, 'lra.listops'),
-        Task('text', 2, 257, 0, 1, False, 'lra.text'),
-        Task('retrieval', 2, 257, 0, 2, False, 'lra.retrieval'),
-        Task('image', 10, 256, None, 1, False, 'lra.image'),
-        Task('pathfinder', 2, 256, None, 1, True, 'lra.pathfinder'),
-        Task('pathx', 2, 256, None, 1, True, 'lra.pathfinder'),
-    ]
+  t.name: t
+  for t in [
+    Task('listops', 10, 16, 0, 1, True, 'lra.listops'),
+    Task('text', 2, 257, 0, 1, False, 'lra.text'),
+    Task('retrieval', 2, 257, 0, 2, False, 'lra.retrieval'),
+    Task('image', 10, 256, None, 1, False, 'lra.image'),
+    Task('pathfinder', 2, 256, None, 1, True, 'lra.pathfinder'),
+    Task('pathx', 2, 256, None, 1, True, 'lra.pathfinder'),
+  ]
 }
 
 
 def get_task(name):
   if name not in TASKS:
-    raise UserError(
-        f'Unknown task {name!r}; known tasks: {", ".join(TASKS)}.'
-    )
+    raise UserError(f'Unknown task {name!r}; known tasks: {", ".join(TASKS)}.')
   return TASKS[name]
 
 
 def default_data_dir():
   return os.environ.get('LRA_DATA_DIR') or os.path.join(
-      os.path.expanduser('~'), 'lra_data'
+    os.path.expanduser('~'), 'lra_data'
   )

@@ -1,0 +1,116 @@
+r"""Evaluates a checkpoint, or prints the LRA accuracy table of many runs.
+
+python eval.py --workdir DIR [--split test] [--step N | --which latest]
+    restores the best checkpoint (default), the latest, or step N, evaluates
+    a split and writes DIR/eval_<split>.json.
+python eval.py --table RUNS_DIR
+    the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
+    beside the paper's numbers.
+"""
+
+import json
+import os
+import sys
+
+from absl import app, flags
+import ml_collections
+
+from lra import runtime, steps, tasks
+from lra.checkpoints import Checkpoints
+from lra.errors import UserError
+from lra.metrics import write_json
+from lra.report import accuracy_table
+import train
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
+_SPLIT = flags.DEFINE_enum(
+  'split', 'test', ['train', 'val', 'test'], 'Split to evaluate.'
+)
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: best).')
+_WHICH = flags.DEFINE_enum(
+  'which', 'best', ['best', 'latest'], 'Checkpoint set to take the step from.'
+)
+_TABLE = flags.DEFINE_string(
+  'table', None, 'Print the accuracy table of the runs below this directory.'
+)
+_DATA_DIR = flags.DEFINE_string(
+  'data_dir', None, "Override the run's data_dir."
+)
+
+
+def load_config(workdir):
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise UserError(
+      f'{path} does not exist; give the --workdir of a run started by train.py.'
+    )
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  if _DATA_DIR.value:
+    config.data_dir = _DATA_DIR.value
+  return config
+
+
+def evaluate_checkpoint(workdir, split, step=None, which='best'):
+  config = load_config(workdir)
+  task = tasks.get_task(config.task)
+  replicated, batch_sharding = runtime.make_mesh()
+  graphdef, state = train.create_state(config, task, replicated)
+  ckpt = Checkpoints(workdir)
+  # A step is looked up in both sets (the best step may be gone from latest).
+  which = (
+    which
+    if step is None
+    else next(
+      (w for w in (which, 'latest', 'best') if step in ckpt.all_steps(w)), None
+    )
+  )
+  step = ckpt.latest_step(which) if which and step is None else step
+  if which is None or step is None:
+    raise UserError(
+      f'No such checkpoint in {workdir}/checkpoints; saved steps: '
+      f'latest {ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}.'
+    )
+  state, _ = ckpt.restore(which, step, state)
+  data = runtime.load_data(config, task)
+  result = runtime.evaluate(
+    steps.make_eval_step(graphdef),
+    state,
+    data[split],
+    config,
+    batch_sharding,
+    desc=split,
+  )
+  result.update(step=step, split=split, checkpoint=which)
+  write_json(os.path.join(workdir, f'eval_{split}.json'), result)
+  ckpt.close()
+  return result
+
+
+def main(argv):
+  del argv
+  train.quiet_logs()
+  try:
+    if _TABLE.value:
+      print(accuracy_table(_TABLE.value))
+    elif _WORKDIR.value:
+      r = evaluate_checkpoint(
+        _WORKDIR.value, _SPLIT.value, _STEP.value, _WHICH.value
+      )
+      print(
+        f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
+        f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
+        'examples'
+      )
+    else:
+      raise UserError(
+        'Give --workdir DIR to evaluate a run, or --table '
+        'RUNS_DIR for the accuracy table.'
+      )
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  app.run(main)

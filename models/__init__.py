@@ -1,0 +1,1 @@
+"""The model zoo: attention cores, layers, encoders, heads, the builder."""

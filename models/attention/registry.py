@@ -1,0 +1,77 @@
+"""Attention registry: name -> core class. The one place names are resolved."""
+
+import inspect
+
+from lra.errors import UserError
+
+_CORES = {}
+
+
+def register(name):
+  def wrap(cls):
+    if name in _CORES:
+      raise ValueError(f'attention core {name!r} registered twice')
+    _CORES[name] = cls
+    cls.registry_name = name
+    return cls
+
+  return wrap
+
+
+def _load_all():
+  # Importing a core module registers it. Add new cores here.
+  from models.attention import softmax  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+
+
+def known_cores():
+  _load_all()
+  return tuple(_CORES)
+
+
+def get_core_class(name):
+  _load_all()
+  if name not in _CORES:
+    raise UserError(
+      f'Unknown attention core {name!r}; known cores: {", ".join(_CORES)}.'
+    )
+  return _CORES[name]
+
+
+def build(
+  options, *, num_heads, head_dim, max_length, dropout_rate, dtype, rngs
+):
+  """Builds the core named by options['name'] with the rest as arguments."""
+  options = dict(options)
+  cls = get_core_class(options.pop('name'))
+  accepted = inspect.signature(cls.__init__).parameters
+  unknown = [k for k in options if k not in accepted]
+  if unknown:
+    raise UserError(
+      f'Attention core {cls.registry_name!r} has no option {unknown[0]!r}; '
+      f'its options: {", ".join(_own_options(cls))}.'
+    )
+  return cls(
+    num_heads=num_heads,
+    head_dim=head_dim,
+    max_length=max_length,
+    dropout_rate=dropout_rate,
+    dtype=dtype,
+    rngs=rngs,
+    **options,
+  )
+
+
+_COMMON = (
+  'self',
+  'num_heads',
+  'head_dim',
+  'max_length',
+  'dropout_rate',
+  'dtype',
+  'rngs',
+)
+
+
+def _own_options(cls):
+  params = inspect.signature(cls.__init__).parameters
+  return [p for p in params if p not in _COMMON and p != 'kwargs'] or ['none']

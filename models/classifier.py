@@ -1,0 +1,80 @@
+"""The LRA classifier and its builder: the one place a config becomes a model.
+
+One document: tokens [B, L] -> Encoder -> pool -> ClassifierHead.
+Two documents (retrieval): tokens [B, 2, L] -> the same Encoder on each
+(shared weights, one batched call) -> pool -> DualClassifierHead.
+Returns (logits [B, classes] float32, aux dict with 'aux_loss').
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from lra.errors import UserError
+from models.encoder import Encoder
+from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
+from models.layers import as_dtype, split_key
+
+
+class Classifier(nnx.Module):
+  def __init__(
+    self,
+    cfg,
+    *,
+    vocab_size,
+    num_classes,
+    max_length,
+    pad_id,
+    num_inputs,
+    dtype,
+    rngs,
+  ):
+    if cfg.pooling not in POOLINGS:
+      raise UserError(
+        f'Unknown pooling {cfg.pooling!r}; use one of {", ".join(POOLINGS)}.'
+      )
+    self.encoder = Encoder(
+      cfg,
+      vocab_size=vocab_size,
+      max_length=max_length,
+      pad_id=pad_id,
+      dtype=dtype,
+      rngs=rngs,
+    )
+    self.num_inputs = num_inputs
+    self.pooling = cfg.pooling
+    head = DualClassifierHead if num_inputs == 2 else ClassifierHead
+    self.head = head(
+      cfg.emb_dim, cfg.mlp_dim, num_classes, dtype=dtype, rngs=rngs
+    )
+    self.dropout_rate = cfg.dropout_rate
+
+  def __call__(self, tokens, *, key=None):
+    """tokens int [B, L] (or [B, 2, L]); key: dropout PRNG key or None."""
+    k_enc, _ = split_key(key, 2)
+    if self.num_inputs == 2:
+      b = tokens.shape[0]
+      both_2BxL = jnp.concatenate([tokens[:, 0], tokens[:, 1]], axis=0)
+      x, padding, aux = self.encoder(both_2BxL, key=k_enc)
+      pooled_2BxE = pool_BxE(x, padding, self.pooling)
+      logits = self.head(pooled_2BxE[:b], pooled_2BxE[b:])
+    else:
+      x, padding, aux = self.encoder(tokens, key=k_enc)
+      logits = self.head(pool_BxE(x, padding, self.pooling))
+    return logits.astype(jnp.float32), aux
+
+
+def build_model(config, task, seed=None):
+  """Builds the classifier for `task` (an lra.tasks.Task) from the config."""
+  seed = config.seed if seed is None else seed
+  rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0))
+  return Classifier(
+    config.model,
+    vocab_size=task.vocab_size,
+    num_classes=task.num_classes,
+    max_length=config.max_length,
+    pad_id=task.pad_id,
+    num_inputs=task.num_inputs,
+    dtype=as_dtype(config.dtype),
+    rngs=rngs,
+  )

@@ -1,0 +1,56 @@
+"""Encoder: embeddings, optional CLS token, blocks, final LayerNorm."""
+
+from flax import nnx
+import jax.numpy as jnp
+
+from models.attention import Mask
+from models.attention.base import dropout
+from models.embeddings import Embedder
+from models.layers import TransformerBlock, split_key
+
+
+class Encoder(nnx.Module):
+  """tokens [B, L] -> (x [B, L(+1)], padding mask [B, L(+1)], aux)."""
+
+  def __init__(self, cfg, *, vocab_size, max_length, pad_id, dtype, rngs):
+    self.use_cls = cfg.pooling == 'cls'
+    total = max_length + int(self.use_cls)
+    self.embed = Embedder(
+      vocab_size, cfg.emb_dim, max_length, cfg.positions, dtype=dtype, rngs=rngs
+    )
+    if self.use_cls:
+      self.cls_E = nnx.Param(
+        nnx.initializers.normal(0.02)(rngs.params(), (cfg.emb_dim,))
+      )
+    self.blocks = nnx.List(
+      [
+        TransformerBlock(cfg, max_length=total, dtype=dtype, rngs=rngs)
+        for _ in range(cfg.num_layers)
+      ]
+    )
+    self.ln_final = nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)
+    self.pad_id = pad_id
+    self.dropout_rate = cfg.dropout_rate
+    self.dtype = dtype
+
+  def __call__(self, tokens_BxL, *, key=None):
+    b = tokens_BxL.shape[0]
+    padding_BxL = None if self.pad_id is None else tokens_BxL != self.pad_id
+    x_BxLxE = self.embed(tokens_BxL)
+    if self.use_cls:
+      cls_Bx1xE = jnp.broadcast_to(
+        self.cls_E[...].astype(self.dtype), (b, 1, x_BxLxE.shape[-1])
+      )
+      x_BxLxE = jnp.concatenate([cls_Bx1xE, x_BxLxE], axis=1)
+      if padding_BxL is not None:
+        padding_BxL = jnp.concatenate(
+          [jnp.ones((b, 1), bool), padding_BxL], axis=1
+        )
+    keys = split_key(key, len(self.blocks) + 1)
+    x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
+    mask = Mask(padding_BxL, causal=False)
+    aux_loss = jnp.zeros((), jnp.float32)
+    for block, k in zip(self.blocks, keys):
+      x_BxLxE, aux = block(x_BxLxE, mask, key=k)
+      aux_loss = aux_loss + aux.get('loss', 0.0)
+    return self.ln_final(x_BxLxE), padding_BxL, {'aux_loss': aux_loss}

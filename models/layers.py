@@ -1,0 +1,114 @@
+"""MultiHeadAttention around a core, the feed-forward and pre-LN blocks."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from models.attention import Mask, build
+from models.attention.base import dropout
+
+
+def split_key(key, n):
+  """n keys from key, or n Nones when key is None (deterministic)."""
+  if key is None:
+    return [None] * n
+  return list(jax.random.split(key, n))
+
+
+class MultiHeadAttention(nnx.Module):
+  """Projects to heads, runs the attention core, projects back."""
+
+  def __init__(
+    self,
+    emb_dim,
+    qkv_dim,
+    num_heads,
+    attention,
+    *,
+    max_length,
+    dropout_rate,
+    dtype,
+    rngs,
+  ):
+    if qkv_dim % num_heads:
+      raise ValueError(f'qkv_dim {qkv_dim} not divisible by {num_heads} heads')
+    self.num_heads = num_heads
+    self.head_dim = qkv_dim // num_heads
+    self.core = build(
+      attention,
+      num_heads=num_heads,
+      head_dim=self.head_dim,
+      max_length=max_length,
+      dropout_rate=dropout_rate,
+      dtype=dtype,
+      rngs=rngs,
+    )
+    linear = lambda i, o: nnx.Linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
+    self.query = linear(emb_dim, qkv_dim)
+    self.key = None if self.core.shared_qk else linear(emb_dim, qkv_dim)
+    self.value = linear(emb_dim, qkv_dim)
+    self.out = linear(qkv_dim, emb_dim)
+
+  def __call__(self, x_BxLxE, mask, *, key=None, memory=None):
+    b, length, _ = x_BxLxE.shape
+    heads = lambda t: t.reshape(b, -1, self.num_heads, self.head_dim)  # noqa: E731
+    q_BxLxHxD = heads(self.query(x_BxLxE))
+    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(x_BxLxE))
+    v_BxLxHxD = heads(self.value(x_BxLxE))
+    out_BxLxHxD, aux = self.core(
+      q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, rngs=key, memory=memory
+    )
+    return self.out(out_BxLxHxD.reshape(b, length, -1)), aux
+
+
+class Mlp(nnx.Module):
+  def __init__(self, emb_dim, mlp_dim, *, dropout_rate, dtype, rngs):
+    self.fc1 = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
+    self.fc2 = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
+    self.dropout_rate = dropout_rate
+
+  def __call__(self, x_BxLxE, *, key=None):
+    k1, k2 = split_key(key, 2)
+    h = dropout(nnx.gelu(self.fc1(x_BxLxE)), self.dropout_rate, k1)
+    return dropout(self.fc2(h), self.dropout_rate, k2)
+
+
+class TransformerBlock(nnx.Module):
+  """Pre-LayerNorm: x + attn(LN(x)), then x + mlp(LN(x))."""
+
+  def __init__(self, cfg, *, max_length, dtype, rngs):
+    e = cfg.emb_dim
+    self.ln_attn = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
+    self.attn = MultiHeadAttention(
+      e,
+      cfg.qkv_dim,
+      cfg.num_heads,
+      cfg.attention,
+      max_length=max_length,
+      dropout_rate=cfg.attention_dropout_rate,
+      dtype=dtype,
+      rngs=rngs,
+    )
+    self.ln_mlp = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
+    self.mlp = Mlp(
+      e, cfg.mlp_dim, dropout_rate=cfg.dropout_rate, dtype=dtype, rngs=rngs
+    )
+    self.dropout_rate = cfg.dropout_rate
+
+  def __call__(self, x_BxLxE, mask: Mask, *, key=None):
+    k_attn, k_drop, k_mlp = split_key(key, 3)
+    h_BxLxE, aux = self.attn(self.ln_attn(x_BxLxE), mask, key=k_attn)
+    x_BxLxE = x_BxLxE + dropout(h_BxLxE, self.dropout_rate, k_drop)
+    x_BxLxE = x_BxLxE + self.mlp(self.ln_mlp(x_BxLxE), key=k_mlp)
+    return x_BxLxE, aux
+
+
+def as_dtype(name):
+  try:
+    return {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[name]
+  except KeyError:
+    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+    raise UserError(
+      f'Unknown dtype {name!r}; use float32 or bfloat16.'
+    ) from None

@@ -1,0 +1,224 @@
+r"""Trains an LRA model: one jit-compiled step, data-parallel over all devices.
+
+  python train.py --config configs/listops.py:transformer,small --workdir runs/s
+  python train.py --config configs/<task>.py:<model>[,small|,smoke] \
+      --workdir DIR [--config.<key>=<value> ...]
+
+The same command with the same workdir resumes from the latest checkpoint and
+ends with the same results as an uninterrupted run. Writes config.json,
+metrics.jsonl, checkpoints/{latest,best}/ and results.json (test measured on the
+best-on-validation checkpoint).
+"""
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags, logging
+from flax import nnx
+import jax
+from ml_collections import config_flags
+import numpy as np
+from tqdm import tqdm
+
+from lra import batching, runtime, steps, tasks
+from lra.checkpoints import Checkpoints
+from lra.errors import UserError
+from lra.metrics import MetricsLog, write_json
+from models.classifier import build_model
+
+
+class NonFiniteLoss(Exception):
+  pass
+
+
+# ---------------------------------------------------------------- model
+def create_state(config, task, replicated):
+  """Model + optimizer -> (graphdef, replicated state)."""
+  model = build_model(config, task)
+  optimizer = nnx.Optimizer(model, steps.make_optimizer(config), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  return graphdef, jax.device_put(state, replicated)
+
+
+# ----------------------------------------------------------------- loop
+def train_and_evaluate(config, workdir, stop_after=None):
+  task = tasks.get_task(config.task)
+  runtime.check_batch(config.batch_size)
+  replicated, batch_sharding = runtime.make_mesh()
+  runtime.check_config(config, workdir)
+  data = runtime.load_data(config, task)
+  graphdef, state = create_state(config, task, replicated)
+  train_step = steps.make_train_step(graphdef)
+  eval_step = steps.make_eval_step(graphdef)
+  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
+
+  # ---- restore
+  start, best = 0, {'step': None, 'accuracy': -1.0, 'val': None}
+  if ckpt.latest_step() is not None:
+    start = ckpt.latest_step()
+    state, meta = ckpt.restore('latest', start, state)
+    best = meta['best']
+    logging.info('Resumed from step %d', start)
+  log = MetricsLog(workdir, resume_step=start if start else None)
+  if start >= config.num_train_steps and os.path.exists(
+    os.path.join(workdir, 'results.json')
+  ):
+    print(f'{workdir} already finished {start} steps; see results.json.')
+    return json.load(open(os.path.join(workdir, 'results.json')))
+
+  base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
+  pending, last_good = [], start
+  bar = tqdm(
+    total=config.num_train_steps,
+    initial=start,
+    desc='train',
+    dynamic_ncols=True,
+    file=sys.stdout,
+  )
+  tick, tick_step = time.time(), start
+
+  def flush(step):
+    """Syncs pending step metrics; raises NonFiniteLoss naming the step."""
+    nonlocal pending, tick, tick_step
+    rows = jax.device_get(pending)
+    pending = []
+    for s, m in rows:
+      if not np.isfinite(m['loss']):
+        raise NonFiniteLoss(s)
+    if rows:
+      rate = (step - tick_step) / max(time.time() - tick, 1e-9)
+      tick, tick_step = time.time(), step
+      mean = lambda k: float(np.mean([m[k] for _, m in rows]))  # noqa: E731
+      acc = sum(float(m['correct_sum']) for _, m in rows) / sum(
+        float(m['count']) for _, m in rows
+      )
+      bar.set_postfix(
+        loss=f'{mean("loss"):.4f}', acc=f'{acc:.3f}', steps_per_s=f'{rate:.2f}'
+      )
+      return log.write(
+        step,
+        'train',
+        loss=mean('loss'),
+        accuracy=acc,
+        grad_norm=mean('grad_norm'),
+        steps_per_sec=rate,
+      )
+
+  def save(step):
+    ckpt.save('latest', step, state, {'step': step, 'best': best})
+
+  try:
+    for step in range(start + 1, config.num_train_steps + 1):
+      batch = batching.train_batch(
+        *data['train'],
+        seed=config.seed,
+        step=step - 1,
+        global_batch=config.batch_size,
+        length=config.max_length,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+      )
+      state, metrics = train_step(
+        state,
+        runtime.to_device(batch, batch_sharding),
+        jax.random.fold_in(base_key, step),
+      )
+      pending.append((step, metrics))
+      bar.update(1)
+      last = step == config.num_train_steps
+      if step % config.log_every_steps == 0 or last:
+        flush(step)
+      if step % config.eval_every_steps == 0 or last:
+        flush(step)
+        val = runtime.evaluate(
+          eval_step, state, data['val'], config, batch_sharding, desc='val'
+        )
+        log.write(step, 'val', **val)
+        tqdm.write(
+          f'step {step}: val accuracy {val["accuracy"]:.4f} '
+          f'loss {val["loss"]:.4f}'
+        )
+        if val['accuracy'] > best['accuracy']:
+          best = {'step': step, 'accuracy': val['accuracy'], 'val': val}
+          ckpt.save('best', step, state, {'step': step, 'best': best})
+      if step % config.checkpoint_every_steps == 0 or last:
+        flush(step)
+        save(step)
+        last_good = step
+      if stop_after is not None and step >= stop_after:
+        bar.close()
+        os._exit(3)  # pylint: disable=protected-access
+  except NonFiniteLoss as e:
+    bar.close()
+    raise UserError(
+      f'Training stopped: the loss is not finite at step {e.args[0]}; the '
+      f'last good checkpoint is step {last_good} in {workdir}/checkpoints '
+      '(lower --config.learning_rate or set --config.grad_clip_norm).'
+    ) from None
+  bar.close()
+
+  # ---- test on the best-on-validation checkpoint
+  best_state, _ = ckpt.restore('best', best['step'], state)
+  test = runtime.evaluate(
+    eval_step, best_state, data['test'], config, batch_sharding, desc='test'
+  )
+  log.write(best['step'], 'test', **test)
+  results = {
+    'task': config.task,
+    'model': config.model_name,
+    'best_step': best['step'],
+    'val': best['val'],
+    'test': test,
+  }
+  write_json(os.path.join(workdir, 'results.json'), results)
+  ckpt.close()
+  print(
+    f'best step {best["step"]}: val accuracy '
+    f'{best["val"]["accuracy"]:.4f}, test accuracy {test["accuracy"]:.4f}'
+  )
+  return results
+
+
+def quiet_logs():
+  """Orbax logs every save at INFO; keep the terminal for the progress bar
+  unless the user asked for a verbosity."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+def define_flags():
+  config_flags.DEFINE_config_file(
+    'config', None, 'configs/<task>.py:<model>[,<preset>]', lock_config=True
+  )
+  flags.DEFINE_string('workdir', None, 'Run directory.')
+  flags.DEFINE_integer(
+    'stop_after_steps',
+    None,
+    'Testing: exit abruptly (no save) after this '
+    'step, as if the process were killed.',
+  )
+
+
+def main(argv):
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  if config is None or not workdir:
+    print(
+      'error: give --config configs/<task>.py:<model> and --workdir DIR.',
+      file=sys.stderr,
+    )
+    sys.exit(2)
+  quiet_logs()
+  try:
+    train_and_evaluate(config, workdir, flags.FLAGS.stop_after_steps)
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
