@@ -152,9 +152,13 @@ def train_and_evaluate(config, workdir, stop_after=None):
         os._exit(3)  # pylint: disable=protected-access
   except NonFiniteLoss as e:
     bar.close()
+    kept = (
+      f'the last good checkpoint is step {last_good} in {workdir}/checkpoints'
+      if last_good
+      else 'no checkpoint had been saved yet'
+    )
     raise UserError(
-      f'Training stopped: the loss is not finite at step {e.args[0]}; the '
-      f'last good checkpoint is step {last_good} in {workdir}/checkpoints '
+      f'Training stopped: the loss is not finite at step {e.args[0]}; {kept} '
       '(lower --config.learning_rate or set --config.grad_clip_norm).'
     ) from None
   bar.close()

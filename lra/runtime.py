@@ -24,9 +24,15 @@ RESUMABLE_CHANGES = (
 )
 
 
-def make_mesh():
+def make_mesh(devices=None):
+  """A 1-D ('data',) mesh over `devices` (default: all), set as the global
+  mesh; returns (replicated, batch) shardings."""
+  devices = jax.devices() if devices is None else devices
   mesh = jax.make_mesh(
-    (jax.device_count(),), ('data',), axis_types=(jax.sharding.AxisType.Auto,)
+    (len(devices),),
+    ('data',),
+    axis_types=(jax.sharding.AxisType.Auto,),
+    devices=devices,
   )
   jax.set_mesh(mesh)
   replicated = jax.NamedSharding(mesh, jax.P())

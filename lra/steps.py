@@ -83,7 +83,7 @@ def make_train_step(graphdef):
     (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
     metrics['loss'] = loss
-    metrics['grad_norm'] = optax.global_norm(grads)
+    metrics['grad_norm'] = optax.tree.norm(grads)
     return nnx.state((model, optimizer)), metrics
 
   return train_step

@@ -1,0 +1,156 @@
+"""train.py / eval.py end to end on smoke ListOps: contract files, exact
+resume, eval equals training, 1 vs 4 devices, non-finite loss."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import listops as listops_config
+from lra import batching, runtime, steps, tasks
+from lra.metrics import read_rows
+from train import create_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMOKE = 'configs/listops.py:transformer,smoke'
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('data'))
+  tasks.get_task('listops').ensure_prepared(path, {'variant': 'smoke'}, False)
+  return path
+
+
+def run(script, *args, check=True):
+  proc = subprocess.run(
+    [sys.executable, script, *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  if check and proc.returncode != 0:
+    raise AssertionError(f'{script} failed:\n{proc.stdout}\n{proc.stderr}')
+  return proc
+
+
+def train(workdir, data_dir, *extra, check=True):
+  return run(
+    'train.py',
+    f'--config={SMOKE}',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    *extra,
+    check=check,
+  )
+
+
+def strip_timing(rows):
+  return [{k: v for k, v in r.items() if k != 'steps_per_sec'} for r in rows]
+
+
+@pytest.fixture(scope='module')
+def full_run(tmp_path_factory, data_dir):
+  workdir = str(tmp_path_factory.mktemp('full'))
+  train(workdir, data_dir)
+  return workdir
+
+
+def test_smoke_run_writes_the_contract_files(full_run):
+  rows = read_rows(os.path.join(full_run, 'metrics.jsonl'))
+  assert {r['split'] for r in rows} == {'train', 'val', 'test'}
+  for r in rows:
+    assert np.isfinite(r['loss']) and 0 <= r['accuracy'] <= 1
+  results = json.load(open(os.path.join(full_run, 'results.json')))
+  assert results['task'] == 'listops' and results['model'] == 'transformer'
+  assert results['test']['count'] == 64 and results['val']['count'] == 64
+  best = [r for r in rows if r['split'] == 'val']
+  assert results['best_step'] == max(best, key=lambda r: r['accuracy'])['step']
+  assert os.listdir(os.path.join(full_run, 'checkpoints', 'latest'))
+  config = json.load(open(os.path.join(full_run, 'config.json')))
+  assert config['model']['attention']['name'] == 'softmax'
+
+
+def test_killed_and_resumed_run_ends_exactly_like_uninterrupted(
+  tmp_path, data_dir, full_run
+):
+  workdir = str(tmp_path / 'killed')
+  proc = train(workdir, data_dir, '--stop_after_steps=4', check=False)
+  assert proc.returncode == 3, proc.stderr
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+  train(workdir, data_dir)  # the same command again resumes from step 3
+  a = json.load(open(os.path.join(full_run, 'results.json')))
+  b = json.load(open(os.path.join(workdir, 'results.json')))
+  assert a == b
+  rows_a = read_rows(os.path.join(full_run, 'metrics.jsonl'))
+  rows_b = read_rows(os.path.join(workdir, 'metrics.jsonl'))
+  assert strip_timing(rows_a) == strip_timing(rows_b)
+
+
+def test_eval_equals_training_evaluation(full_run, data_dir):
+  run('eval.py', f'--workdir={full_run}', '--split=test')
+  ev = json.load(open(os.path.join(full_run, 'eval_test.json')))
+  res = json.load(open(os.path.join(full_run, 'results.json')))
+  assert ev['step'] == res['best_step']
+  assert ev['accuracy'] == res['test']['accuracy']
+  assert ev['loss'] == pytest.approx(res['test']['loss'], rel=1e-6)
+  run('eval.py', f'--workdir={full_run}', '--split=val', '--step=6')
+  ev = json.load(open(os.path.join(full_run, 'eval_val.json')))
+  val6 = [
+    r
+    for r in read_rows(os.path.join(full_run, 'metrics.jsonl'))
+    if r['split'] == 'val' and r['step'] == 6
+  ][0]
+  assert ev['accuracy'] == val6['accuracy'] and ev['count'] == val6['count']
+  assert ev['loss'] == pytest.approx(val6['loss'], rel=1e-6)
+
+
+def test_one_device_step_equals_four_device_step(data_dir):
+  assert jax.device_count() == 4
+  config = listops_config.get_config('transformer,smoke')
+  task = tasks.get_task('listops')
+  inputs, labels = runtime.load_data(config, task, progress=False)['train']
+  batch = batching.train_batch(
+    inputs, labels, seed=0, step=0, global_batch=8, length=config.max_length
+  )
+  key = jax.random.key(5)
+  results = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    replicated, batch_sharding = runtime.make_mesh(devices)
+    graphdef, state = create_state(config, task, replicated)
+    step = steps.make_train_step(graphdef)
+    state, metrics = step(state, runtime.to_device(batch, batch_sharding), key)
+    assert len(metrics['loss'].sharding.device_set) == len(devices)
+    results.append((jax.device_get(state), jax.device_get(metrics)))
+  (s1, m1), (s4, m4) = results
+  np.testing.assert_allclose(m1['loss'], m4['loss'], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s4)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
+  tmp_path, data_dir
+):
+  workdir = str(tmp_path / 'nan')
+  proc = train(
+    workdir,
+    data_dir,
+    '--config.learning_rate=1e30',
+    '--config.schedule=constant',
+    '--config.warmup_steps=1000',
+    '--config.checkpoint_every_steps=1',
+    check=False,
+  )
+  assert proc.returncode != 0
+  err = proc.stderr.strip().splitlines()[-1]
+  assert err.startswith('error: Training stopped: the loss is not finite')
+  step = int(err.split('at step ')[1].split(';')[0])
+  assert f'last good checkpoint is step {step - 1}' in err
+  assert 'Traceback' not in proc.stderr
+  saved = os.listdir(os.path.join(workdir, 'checkpoints', 'latest'))
+  assert str(step - 1) in saved and str(step) not in saved
