@@ -15,7 +15,7 @@ import sys
 from absl import app, flags
 import ml_collections
 
-from lra import runtime, steps, tasks
+from lra import cli, runtime, steps, tasks
 from lra.checkpoints import Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
@@ -113,4 +113,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -22,7 +22,7 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, runtime, steps, tasks
+from lra import batching, cli, runtime, steps, tasks
 from lra.checkpoints import Checkpoints
 from lra.errors import UserError
 from lra.metrics import MetricsLog, write_json
@@ -225,4 +225,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,61 @@
+"""Flag parsing for the entry points: a bad flag is one sentence, not a trace."""
+
+import re
+import sys
+
+from absl import flags
+
+from lra.tasks import TASKS
+
+
+def _sentence(e):
+  text = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+  unknown = re.search(r"Unknown command line flag '([^']+)'", text)
+  if unknown:
+    name = unknown.group(1)
+    if name.startswith('config.'):
+      return (
+        f'Unknown config key {name[len("config.") :]!r}; check its spelling '
+        "against the task's config file (configs/<task>.py, configs/base.py)."
+      )
+    return f'Unknown flag --{name}; see --helpshort for the flags.'
+  mean = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+  if mean:
+    return (
+      f'Unknown config key {mean.group(2)!r} (did you mean '
+      f'{mean.group(1)!r}?); fix the --config.* flag.'
+    )
+  lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+  last = lines[-1] if lines else repr(e)
+  if 'Error whilst parsing config file' in text or 'Traceback' in text:
+    return re.sub(r'^\w+(Error|Exception): ', '', last)
+  return last
+
+
+def _check_config_loaded():
+  """ml_collections reports a missing config file only when it is first
+  used; surface it now."""
+  if 'config' not in flags.FLAGS or not flags.FLAGS['config'].present:
+    return
+  try:
+    flags.FLAGS.config.keys()
+  except OSError:
+    path = flags.FLAGS['config'].config_filename.split(':')[0]
+    known = ', '.join(f'configs/{t}.py' for t in TASKS)
+    print(
+      f'error: cannot load config file {path!r}; give one of: {known} '
+      '(as configs/<task>.py:<model>).',
+      file=sys.stderr,
+    )
+    sys.exit(2)
+
+
+def parse_flags(argv):
+  """absl flags_parser: parses, or prints one sentence and exits with 2."""
+  try:
+    args = flags.FLAGS(argv)
+    _check_config_loaded()
+    return args
+  except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
+    print(f'error: {_sentence(e)}', file=sys.stderr)
+    sys.exit(2)
