@@ -1,4 +1,4 @@
-"""Flag parsing for the entry points: a bad flag is one sentence, not a trace."""
+"""Flag parsing for the entry points: a bad flag is one sentence."""
 
 import re
 import sys
