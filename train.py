@@ -47,12 +47,12 @@ def train_and_evaluate(config, workdir, stop_after=None):
   task = tasks.get_task(config.task)
   runtime.check_batch(config.batch_size)
   replicated, batch_sharding = runtime.make_mesh()
-  runtime.check_config(config, workdir)
-  data = runtime.load_data(config, task)
   graphdef, state = create_state(config, task, replicated)
+  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
+  runtime.check_config(config, workdir, resuming=ckpt.latest_step() is not None)
+  data = runtime.load_data(config, task)
   train_step = steps.make_train_step(graphdef)
   eval_step = steps.make_eval_step(graphdef)
-  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
 
   # ---- restore
   start, best = 0, {'step': None, 'accuracy': -1.0, 'val': None}

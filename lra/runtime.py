@@ -89,10 +89,11 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   return steps.finish(jax.device_get(total))
 
 
-def check_config(config, workdir):
+def check_config(config, workdir, resuming):
+  """Writes config.json; a resumed run must keep the saved config."""
   path = os.path.join(workdir, 'config.json')
   new = json.loads(config.to_json())
-  if os.path.exists(path):
+  if resuming and os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
     diff = sorted(

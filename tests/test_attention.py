@@ -1,10 +1,10 @@
-"""The exact softmax core: the oracle every efficient core is checked against."""
+"""The exact softmax core: the oracle every efficient core is tested against."""
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from lra.errors import UserError
 from models.attention import Mask, build, known_cores
@@ -14,13 +14,13 @@ B, L, H, D = 2, 24, 3, 8
 
 def make_core(implementation='einsum', dropout_rate=0.0):
   return build(
-      {'name': 'softmax', 'implementation': implementation},
-      num_heads=H,
-      head_dim=D,
-      max_length=L,
-      dropout_rate=dropout_rate,
-      dtype=jnp.float32,
-      rngs=nnx.Rngs(0),
+    {'name': 'softmax', 'implementation': implementation},
+    num_heads=H,
+    head_dim=D,
+    max_length=L,
+    dropout_rate=dropout_rate,
+    dtype=jnp.float32,
+    rngs=nnx.Rngs(0),
   )
 
 
@@ -79,11 +79,13 @@ def test_padding_invariance(implementation):
   out1, _ = core(q, k, v, Mask(pad, False))
   noise = jax.random.normal(jax.random.key(9), k.shape) * 100
   hide = ~pad[:, :, None, None]
-  out2, _ = core(q, jnp.where(hide, noise, k), jnp.where(hide, -noise, v),
-                 Mask(pad, False))
+  out2, _ = core(
+    q, jnp.where(hide, noise, k), jnp.where(hide, -noise, v), Mask(pad, False)
+  )
   real = np.asarray(pad)
-  np.testing.assert_allclose(np.asarray(out1)[real], np.asarray(out2)[real],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(out1)[real], np.asarray(out2)[real], atol=1e-5
+  )
 
 
 @pytest.mark.parametrize('implementation', ['einsum', 'fused'])
@@ -105,7 +107,7 @@ def test_causal_by_gradient():
   i = 7
   g = jax.grad(lambda k: core(q, k, v, Mask(None, True))[0][:, i].sum())(k)
   g = np.abs(np.asarray(g)).sum(axis=(0, 2, 3))
-  assert (g[i + 1:] == 0).all() and (g[: i + 1] > 0).all()
+  assert (g[i + 1 :] == 0).all() and (g[: i + 1] > 0).all()
 
 
 def test_attention_dropout_uses_key():
@@ -133,11 +135,24 @@ def test_bfloat16_inputs_keep_float32_softmax():
 def test_registry_errors_name_the_problem():
   assert 'softmax' in known_cores()
   with pytest.raises(UserError, match='known cores: .*softmax'):
-    build({'name': 'nope'}, num_heads=1, head_dim=4, max_length=4,
-          dropout_rate=0.0, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    build(
+      {'name': 'nope'},
+      num_heads=1,
+      head_dim=4,
+      max_length=4,
+      dropout_rate=0.0,
+      dtype=jnp.float32,
+      rngs=nnx.Rngs(0),
+    )
   with pytest.raises(UserError, match="no option 'window'"):
-    build({'name': 'softmax', 'window': 3}, num_heads=1, head_dim=4,
-          max_length=4, dropout_rate=0.0, dtype=jnp.float32,
-          rngs=nnx.Rngs(0))
+    build(
+      {'name': 'softmax', 'window': 3},
+      num_heads=1,
+      head_dim=4,
+      max_length=4,
+      dropout_rate=0.0,
+      dtype=jnp.float32,
+      rngs=nnx.Rngs(0),
+    )
   with pytest.raises(UserError, match='no attention dropout'):
     make_core('fused', dropout_rate=0.1)

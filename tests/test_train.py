@@ -110,6 +110,12 @@ def test_eval_equals_training_evaluation(full_run, data_dir):
   assert ev['loss'] == pytest.approx(val6['loss'], rel=1e-6)
 
 
+def test_resuming_with_a_different_config_is_refused(full_run, data_dir):
+  proc = train(full_run, data_dir, '--config.seed=7', check=False)
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr
+  assert 'seed differ' in proc.stderr and 'use a new --workdir' in proc.stderr
+
+
 def test_one_device_step_equals_four_device_step(data_dir):
   assert jax.device_count() == 4
   config = listops_config.get_config('transformer,smoke')
