@@ -1,0 +1,91 @@
+r"""Image (LRA): CIFAR-10 as a sequence of 1,024 gray pixels, 10 classes.
+
+Run:
+  python -m lra.prepare image   # once; needs cifar-10-python.tar.gz
+  python train.py --config configs/image.py:transformer --workdir runs/image
+  python train.py --config configs/image.py:transformer,small --workdir runs/s
+
+Reference values: the reference harness's final
+lra_benchmarks/image/configs/cifar10/base_cifar10_config.py (batch 256, Adam
+0.9/0.98/1e-9, no weight decay, lr 0.0005 x linear warmup 175 x cosine decay,
+35,000 steps = 200 epochs of 45,000 images, emb 32, qkv 32, mlp 64, 1 head,
+1 layer, CLS pooling, dropout 0.3 / attention dropout 0.2, learned
+positions, evaluation every epoch), then each model's tuned architecture
+from its <model>_base.py (configs/models.py). Splits as the reference's TFDS
+`train[:90%]` / `train[90%:]` / `test`; gray levels as its
+tf.image.rgb_to_grayscale (lra/image.py). Fixed here: black pixels (0) are
+pixels, not padding (the reference masked them out of attention).
+
+Paper test accuracy (LRA Table 1, %): transformer 42.44, local 41.46,
+sparse_transformer 44.24, longformer 42.22, linformer 38.56, reformer 38.07,
+sinkhorn 41.23, synthesizer 41.61, bigbird 40.83, linear_transformer 42.34,
+performer 42.77.
+
+Presets:
+  small: the whole image, 64-wide, 1 layer, batch 32, about 1 epoch in about
+    10 minutes on 2 CPU cores; clearly above chance (10%).
+  smoke: a few seconds, for tests (reads the same release files; the model
+    sees the first 64 pixels only).
+"""
+
+from configs import base, models
+
+
+def get_config(arg=None):
+  model_name, presets = base.parse_arg(arg)
+  c = base.get_base_config()
+  c.task = 'image'
+  # Where to read CIFAR-10 from, under <data_dir>/image/: 'auto' (the first
+  # found of the next three), 'archive' (cifar-10-python.tar.gz), 'folders'
+  # (cifar-10-batches-py/ unpacked) or 'tfds' (tensorflow_datasets/cifar10/
+  # prepared files). The validation images depend on the source's order.
+  c.data.source = 'auto'
+  c.max_length = 1024
+  c.batch_size = 256
+  c.num_train_steps = 35000
+  c.eval_every_steps = 175
+  c.checkpoint_every_steps = 1750
+  c.learning_rate = 0.0005
+  c.schedule = 'cosine'
+  c.warmup_steps = 175
+  c.weight_decay = 0.0
+  c.model.num_layers = 1
+  c.model.emb_dim = 32
+  c.model.qkv_dim = 32
+  c.model.num_heads = 1
+  c.model.mlp_dim = 64
+  c.model.dropout_rate = 0.3
+  c.model.attention_dropout_rate = 0.2
+  c.model.pooling = 'cls'
+  c.model.positions = 'learned'
+  models.apply_model(c, model_name)
+
+  if 'small' in presets:
+    c.batch_size = 32
+    c.num_train_steps = 1500
+    c.eval_every_steps = 500
+    c.checkpoint_every_steps = 500
+    c.log_every_steps = 50
+    c.learning_rate = 1e-3
+    c.warmup_steps = 100
+    c.model.num_layers = 1
+    c.model.emb_dim = 64
+    c.model.qkv_dim = 64
+    c.model.num_heads = 2
+    c.model.mlp_dim = 128
+    c.model.dropout_rate = 0.1
+    c.model.attention_dropout_rate = 0.0
+  if 'smoke' in presets:
+    c.max_length = 64
+    c.batch_size = 8
+    c.num_train_steps = 6
+    c.eval_every_steps = 3
+    c.checkpoint_every_steps = 3
+    c.log_every_steps = 2
+    c.warmup_steps = 2
+    c.model.num_layers = 1
+    c.model.emb_dim = 16
+    c.model.qkv_dim = 16
+    c.model.num_heads = 2
+    c.model.mlp_dim = 32
+  return base.finalize(c, presets)
