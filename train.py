@@ -197,6 +197,12 @@ def define_flags():
     'config', None, 'configs/<task>.py:<model>[,<preset>]', lock_config=True
   )
   flags.DEFINE_string('workdir', None, 'Run directory.')
+  flags.DEFINE_bool(
+    'distributed',
+    False,
+    'Multi-host (TPU pod, multi-node GPU): call '
+    'jax.distributed.initialize() first; run the same command on every host.',
+  )
   flags.DEFINE_integer(
     'stop_after_steps',
     None,
@@ -216,6 +222,8 @@ def main(argv):
     )
     sys.exit(2)
   quiet_logs()
+  if flags.FLAGS.distributed:
+    jax.distributed.initialize()
   try:
     train_and_evaluate(config, workdir, flags.FLAGS.stop_after_steps)
   except UserError as e:

@@ -1,0 +1,168 @@
+"""benchmark.py on tiny models, core memory growth, the LRA bubble chart.
+
+No timing assertions: speeds on a shared CPU say nothing.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import benchmark
+from lra import report
+from lra.errors import UserError
+from models.attention.memory import core_memory, core_memory_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ['transformer', 'transformer_fused']
+LENGTHS = [64, 128]
+
+
+@pytest.fixture(scope='module')
+def bench_dir(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp('bench'))
+  benchmark.run_benchmark(
+    MODELS,
+    LENGTHS,
+    out,
+    preset='tiny',
+    batch_size=max(2, jax.device_count()),
+    num_steps=2,
+    warmup=1,
+  )
+  return out
+
+
+def test_smoke_run_writes_table_json_and_plots(bench_dir):
+  for name in ('benchmark.json', 'benchmark.md', 'speed.png', 'memory.png'):
+    assert os.path.getsize(os.path.join(bench_dir, name)) > 0, name
+  rows = report.read_benchmark(bench_dir)
+  assert [(r['model'], r['length']) for r in rows] == [
+    (m, n) for m in MODELS for n in LENGTHS
+  ]
+  for row in rows:
+    assert set(benchmark.ROW_FIELDS) <= set(row), row['model']
+    assert row['status'] == 'ok', row['error']
+    assert row['peak_memory_source'] == 'xla_compiled_memory_analysis'
+    assert row['peak_memory_bytes'] >= row['memory_analysis']['temp'] > 0
+    assert row['steps_per_sec_min'] <= row['steps_per_sec']
+    assert row['steps_per_sec'] <= row['steps_per_sec_max']
+    assert row['flops_per_step'] > 0 and row['num_params'] > 0
+  with open(os.path.join(bench_dir, 'benchmark.md')) as f:
+    table = f.read()
+  assert '| transformer | ' in table and '(1.0x)' in table
+
+
+def test_table_marks_failed_cells_and_shows_paper_numbers():
+  ok = dict.fromkeys(benchmark.ROW_FIELDS)
+  ok.update(
+    model='transformer',
+    length=1024,
+    status='ok',
+    steps_per_sec=2.0,
+    peak_memory_bytes=2e9,
+    batch_size=2,
+    preset='cpu',
+    timed_steps=5,
+    warmup_steps=1,
+    model_config=benchmark.model_summary(benchmark.text_config('transformer')),
+  )
+  fast = {**ok, 'model': 'performer', 'steps_per_sec': 3.0, 'length': 1024}
+  oom = {**ok, 'model': 'performer', 'length': 2048, 'status': 'OOM'}
+  oom['error'] = 'OutOfMemory: needs 9 GB'
+  text = benchmark.markdown([ok, fast, oom])
+  assert '| performer | 3 (1.5x) | OOM |' in text
+  assert '| *paper* | *9.5 (1.2x)* |' in text  # LRA Table 2, performer 1K
+  assert 'performer at 2048: OOM' in text
+
+
+def test_failed_cells_are_marked_and_the_run_goes_on(tmp_path, monkeypatch):
+  def measure(row, config, task, shardings, num_steps, warmup):
+    if row['length'] == 128:
+      raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating')
+    raise ValueError('broken core')
+
+  monkeypatch.setattr(benchmark, 'measure', measure)
+  rows = benchmark.run_benchmark(
+    ['transformer'],
+    LENGTHS,
+    str(tmp_path),
+    preset='tiny',
+    batch_size=max(2, jax.device_count()),
+    num_steps=1,
+    warmup=0,
+  )
+  assert [r['status'] for r in rows] == ['error', 'OOM']
+  assert rows[0]['error'] == 'ValueError: broken core'
+  table = (tmp_path / 'benchmark.md').read_text()
+  assert '| transformer | error | OOM |' in table
+  assert (tmp_path / 'speed.png').exists()
+
+
+def test_failure_classifies_out_of_memory():
+  status, _ = benchmark.failure(RuntimeError('RESOURCE_EXHAUSTED: 9GB'))
+  assert status == 'OOM'
+  status, message = benchmark.failure(ValueError('bad shape'))
+  assert (status, message) == ('error', 'ValueError: bad shape')
+
+
+def test_models_flag_adds_baselines_unless_dropped():
+  assert benchmark.select_models('transformer_fused') == MODELS
+  assert benchmark.select_models('all,-transformer_fused') == ['transformer']
+  with pytest.raises(UserError, match='nope'):
+    benchmark.select_models('nope')
+
+
+def test_command_line_error_is_one_sentence(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, 'benchmark.py', '--models', 'nope', '--out', tmp_path],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2
+  assert proc.stderr.strip().startswith("error: Unknown model 'nope'")
+
+
+def test_exact_softmax_core_memory_grows_quadratically():
+  # The pattern for every core: sub-quadratic ones assert a ratio < 2.5.
+  einsum = {'name': 'softmax', 'implementation': 'einsum'}
+  ratio = core_memory_bytes(einsum, 256) / core_memory_bytes(einsum, 128)
+  assert ratio > 3
+  memory = core_memory(einsum, 128, causal=True, padding=False)
+  assert memory['peak'] > memory['temp'] > 0
+
+
+def _write_run(runs, name, task, model, accuracy):
+  os.makedirs(runs / name)
+  result = {
+    'task': task,
+    'model': model,
+    'best_step': 1,
+    'val': {'accuracy': accuracy},
+    'test': {'accuracy': accuracy},
+  }
+  (runs / name / 'results.json').write_text(json.dumps(result))
+
+
+def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
+  _write_run(tmp_path, 'a', 'text', 'transformer', 0.60)
+  _write_run(tmp_path, 'b', 'listops', 'transformer', 0.30)
+  _write_run(tmp_path, 'c', 'text', 'transformer_fused', 0.62)
+  _write_run(tmp_path, 'd', 'text', 'performer', 0.65)  # not benchmarked
+  points, length, relative, label = report.bubble_points(tmp_path, bench_dir)
+  assert (length, relative) == (128, True)
+  assert label == 'test accuracy (%), mean over text'  # the shared task
+  by_model = {p[0]: p for p in points}
+  assert set(by_model) == set(MODELS)
+  assert by_model['transformer'][1:3] == pytest.approx((60.0, 1.0))
+  assert by_model['transformer_fused'][4] == ('text',)
+  path = report.bubble_chart(tmp_path, bench_dir)
+  assert path == os.path.join(bench_dir, 'lra_bubble.png')
+  assert os.path.getsize(path) > 0
+  with pytest.raises(UserError, match='benchmark.json'):
+    report.bubble_chart(tmp_path, tmp_path)
