@@ -6,6 +6,9 @@ python eval.py --workdir DIR [--split test] [--step N | --which latest]
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
     beside the paper's numbers.
+python eval.py --table RUNS_DIR --bench BENCH_DIR
+    also draws the LRA bubble chart (accuracy vs speed, area = memory) of
+    those runs and BENCH_DIR/benchmark.json into BENCH_DIR/lra_bubble.png.
 """
 
 import json
@@ -19,7 +22,7 @@ from lra import cli, runtime, steps, tasks
 from lra.checkpoints import Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
-from lra.report import accuracy_table
+from lra.report import accuracy_table, bubble_chart
 import train
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
@@ -32,6 +35,12 @@ _WHICH = flags.DEFINE_enum(
 )
 _TABLE = flags.DEFINE_string(
   'table', None, 'Print the accuracy table of the runs below this directory.'
+)
+_BENCH = flags.DEFINE_string(
+  'bench',
+  None,
+  'With --table: a benchmark.py --out directory; draws its lra_bubble.png '
+  '(accuracy vs speed, circle area = memory).',
 )
 _DATA_DIR = flags.DEFINE_string(
   'data_dir', None, "Override the run's data_dir."
@@ -93,6 +102,12 @@ def main(argv):
   try:
     if _TABLE.value:
       print(accuracy_table(_TABLE.value))
+      if _BENCH.value:
+        print(f'wrote {bubble_chart(_TABLE.value, _BENCH.value)}')
+    elif _BENCH.value:
+      raise UserError(
+        '--bench needs --table RUNS_DIR, the runs whose accuracy it plots.'
+      )
     elif _WORKDIR.value:
       r = evaluate_checkpoint(
         _WORKDIR.value, _SPLIT.value, _STEP.value, _WHICH.value
