@@ -80,6 +80,25 @@ def get_base_config():
   return c
 
 
+def apply_smoke(c, max_length=64):
+  """The `smoke` preset of every task: a 1-layer, 16-wide model for 6 steps
+  (evaluated and checkpointed at 3 and 6); seconds on a CPU, for tests."""
+  c.update(
+    dict(
+      max_length=max_length,
+      batch_size=8,
+      num_train_steps=6,
+      eval_every_steps=3,
+      checkpoint_every_steps=3,
+      log_every_steps=2,
+      warmup_steps=2,
+    )
+  )
+  c.model.update(
+    dict(num_layers=1, emb_dim=16, qkv_dim=16, num_heads=2, mlp_dim=32)
+  )
+
+
 def finalize(c, presets):
   """Checks the preset names and locks the config (a misspelt key fails)."""
   unknown = [p for p in presets if p not in PRESETS]

@@ -68,24 +68,17 @@ def get_config(arg=None):
     c.log_every_steps = 50
     c.learning_rate = 1e-3
     c.warmup_steps = 100
-    c.model.num_layers = 1
-    c.model.emb_dim = 64
-    c.model.qkv_dim = 64
-    c.model.num_heads = 2
-    c.model.mlp_dim = 128
-    c.model.dropout_rate = 0.1
-    c.model.attention_dropout_rate = 0.0
+    c.model.update(
+      dict(
+        num_layers=1,
+        emb_dim=64,
+        qkv_dim=64,
+        num_heads=2,
+        mlp_dim=128,
+        dropout_rate=0.1,
+        attention_dropout_rate=0.0,
+      )
+    )
   if 'smoke' in presets:
-    c.max_length = 64
-    c.batch_size = 8
-    c.num_train_steps = 6
-    c.eval_every_steps = 3
-    c.checkpoint_every_steps = 3
-    c.log_every_steps = 2
-    c.warmup_steps = 2
-    c.model.num_layers = 1
-    c.model.emb_dim = 16
-    c.model.qkv_dim = 16
-    c.model.num_heads = 2
-    c.model.mlp_dim = 32
+    base.apply_smoke(c)
   return base.finalize(c, presets)
