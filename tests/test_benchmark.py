@@ -12,7 +12,7 @@ import jax
 import pytest
 
 import benchmark
-from lra import report
+from lra import bench_report, report
 from lra.errors import UserError
 from models.attention.memory import core_memory, core_memory_bytes
 
@@ -73,7 +73,7 @@ def test_table_marks_failed_cells_and_shows_paper_numbers():
   fast = {**ok, 'model': 'performer', 'steps_per_sec': 3.0, 'length': 1024}
   oom = {**ok, 'model': 'performer', 'length': 2048, 'status': 'OOM'}
   oom['error'] = 'OutOfMemory: needs 9 GB'
-  text = benchmark.markdown([ok, fast, oom])
+  text = bench_report.markdown([ok, fast, oom])
   assert '| performer | 3 (1.5x) | OOM |' in text
   assert '| *paper* | *9.5 (1.2x)* |' in text  # LRA Table 2, performer 1K
   assert 'performer at 2048: OOM' in text

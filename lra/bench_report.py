@@ -1,0 +1,169 @@
+"""benchmark.py's report: its rows as benchmark.md, speed.png and memory.png.
+
+benchmark.md has LRA Table 2's layout (steps/s and peak memory per length,
+the paper's numbers beneath ours); the plots draw one line per model against
+sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
+"""
+
+import os
+
+from lra.report import paper
+
+
+def _length_name(n):
+  return f'{n // 1024}K' if n % 1024 == 0 else str(n)
+
+
+def _num(x):
+  return f'{x:.3g}' if x < 1000 else f'{x:.0f}'
+
+
+def _ratio(x, base):
+  if x is None or not base:
+    return ''
+  r = x / base
+  return f' ({r:.1f}x)' if r >= 1 else f' ({r:.2f}x)'
+
+
+def _table(title, rows, models, lengths, value, paper_values):
+  """Markdown rows: ours per model, the paper's (italic) beneath."""
+  head = '| model | ' + ' | '.join(_length_name(n) for n in lengths) + ' |'
+  lines = [f'### {title}', '', head, '|---' * (len(lengths) + 1) + '|']
+  for m in models:
+    cells = []
+    for n in lengths:
+      row, base = rows.get((m, n)), rows.get(('transformer', n))
+      if row is None:
+        cells.append('-')
+      elif row['status'] != 'ok':
+        cells.append(row['status'])
+      else:
+        ok = base is not None and base['status'] == 'ok'
+        v = value(row)
+        cells.append(_num(v) + _ratio(v, value(base) if ok else None))
+    lines.append(f'| {m} | ' + ' | '.join(cells) + ' |')
+    paper_lengths = paper()['table2_efficiency']['lengths']
+    if m in paper_values and set(lengths) & set(paper_lengths):
+      cells = []
+      for n in lengths:
+        if n not in paper_lengths:
+          cells.append('')
+          continue
+        j = paper_lengths.index(n)
+        v, base = paper_values[m][j], paper_values['transformer'][j]
+        cells.append(f'*{_num(v)}{_ratio(v, base)}*')
+      lines.append('| *paper* | ' + ' | '.join(cells) + ' |')
+  return lines
+
+
+def markdown(rows, seconds=None, load=None):
+  """LRA Table 2 layout: steps/s and peak memory per length."""
+  by_cell = {(r['model'], r['length']): r for r in rows}
+  models = list(dict.fromkeys(r['model'] for r in rows))
+  lengths = sorted({r['length'] for r in rows})
+  first = rows[0]
+  configs = {r['model']: r['model_config'] for r in rows if r['model_config']}
+  mc = next(iter(configs.values()), None) or {}
+  table2 = paper()['table2_efficiency']
+  took = '' if seconds is None else f'; measured in {seconds:.0f} s'
+  load = '' if load is None else f' (load average {load:.1f} at the start)'
+  lines = [
+    '## LRA speed and memory (Table 2 layout)',
+    '',
+    f'Machine: {first["device_count"]} x {first["device_kind"]} '
+    f'({first["backend"]} backend), {os.cpu_count()} CPU cores{load}; jax '
+    f'{first["jax_version"]}, flax {first["flax_version"]}{took}.',
+    f'Preset `{first["preset"]}`: batch {first["batch_size"]}, '
+    f'layers {mc.get("num_layers")}, emb {mc.get("emb_dim")}, '
+    f'qkv {mc.get("qkv_dim")}, mlp {mc.get("mlp_dim")}, '
+    f'{mc.get("num_heads")} heads, {mc.get("dtype")}; '
+    'byte-level Text classifier on random bytes, one step = forward + '
+    'backward + AdamW update'
+    + (', sequence = length + 1 (CLS).' if mc.get('pooling') == 'cls' else '.'),
+    f'Speed: steps per second, median of {first["timed_steps"]} timed steps '
+    f'after compilation and {first["warmup_steps"]} warm-up step(s); '
+    '(x) = speed-up against `transformer` (einsum softmax) at that length.',
+    f'Dropout as in training: {mc.get("dropout_rate")}; attention dropout '
+    + ', '.join(
+      f'{m} {c["attention_dropout_rate"]}' for m, c in configs.items()
+    )
+    + '.',
+    "Memory: peak GB of the compiled train step by XLA's memory analysis "
+    '(temp + arguments + outputs - donated aliases, per device); (x) = '
+    'ratio to `transformer`.',
+    '*paper*: LRA Table 2 (Tay et al. 2021; Text, batch 32, 4x4 TPU v3, '
+    'peak memory per device in GB).',
+    '',
+  ]
+  lines += _table(
+    'Steps per second',
+    by_cell,
+    models,
+    lengths,
+    lambda r: r['steps_per_sec'],
+    table2['steps_per_sec'],
+  )
+  lines.append('')
+  lines += _table(
+    'Peak memory (GB)',
+    by_cell,
+    models,
+    lengths,
+    lambda r: r['peak_memory_bytes'] / 1e9,
+    table2['peak_memory_gb'],
+  )
+  failed = [r for r in rows if r['status'] != 'ok']
+  if failed:
+    lines += ['', 'Failures:']
+    lines += [
+      f'- {r["model"]} at {r["length"]}: {r["status"]}, {r["error"]}'
+      for r in failed
+    ]
+  return '\n'.join(lines) + '\n'
+
+
+def plot(rows, value, ylabel, path):
+  """One line per model against length, both axes logarithmic."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for m in dict.fromkeys(r['model'] for r in rows):
+    ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
+    if ok:
+      ax.plot([r['length'] for r in ok], [value(r) for r in ok], 'o-', label=m)
+  lengths = sorted({r['length'] for r in rows})
+  ax.set_xscale('log', base=2)
+  ax.set_yscale('log')
+  ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+  ax.minorticks_off()
+  ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+  ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f'{y:g}'))
+  ax.set_xlabel('sequence length')
+  ax.set_ylabel(ylabel)
+  ax.grid(True, alpha=0.3)
+  if ax.lines:
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_report(rows, out, seconds=None, load=None):
+  with open(os.path.join(out, 'benchmark.md'), 'w') as f:
+    f.write(markdown(rows, seconds, load))
+  plot(
+    rows,
+    lambda r: r['steps_per_sec'],
+    'training steps per second',
+    os.path.join(out, 'speed.png'),
+  )
+  plot(
+    rows,
+    lambda r: r['peak_memory_bytes'] / 1e9,
+    'peak memory (GB, XLA memory analysis)',
+    os.path.join(out, 'memory.png'),
+  )
