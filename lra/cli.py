@@ -9,6 +9,10 @@ from lra.tasks import TASKS
 
 
 def _sentence(e):
+  if (
+    isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError)
+  ):
+    e = e.args[0]  # ConfigDict wraps a missing key of a locked dict
   text = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
   unknown = re.search(r"Unknown command line flag '([^']+)'", text)
   if unknown:
@@ -24,6 +28,11 @@ def _sentence(e):
     return (
       f'Unknown config key {mean.group(2)!r} (did you mean '
       f'{mean.group(1)!r}?); fix the --config.* flag.'
+    )
+  if isinstance(e, KeyError):
+    return (
+      f'Unknown config key {text.strip(chr(39))!r}; check its spelling '
+      "against the task's config file (configs/<task>.py, configs/base.py)."
     )
   lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
   last = lines[-1] if lines else repr(e)
