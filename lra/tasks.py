@@ -31,15 +31,23 @@ class Task:
   num_inputs: int  # 2 for retrieval (two documents per example)
   generated: bool  # True: train.py generates the data when it is missing
   module: str
+  # Data options this task implies (pathx = Pathfinder at 128 px); options
+  # given by a config or the command line override them.
+  defaults: tuple = ()
 
   def _module(self):
     return importlib.import_module(self.module)
 
+  def options(self, options):
+    return {**dict(self.defaults), **options}
+
   def cache_dir(self, data_dir, options):
+    options = self.options(options)
     return os.path.join(data_dir, self.name, self._module().cache_name(options))
 
   def ensure_prepared(self, data_dir, options, progress=True):
     """Returns the cache dir, preparing it first if it is incomplete."""
+    options = self.options(options)
     path = self.cache_dir(data_dir, options)
     if not cache.is_complete(path):
       self._module().prepare(path, data_dir, options, progress)
@@ -54,7 +62,9 @@ TASKS = {
     Task('retrieval', 2, 257, 0, 2, False, 'lra.retrieval'),
     Task('image', 10, 256, None, 1, False, 'lra.image'),
     Task('pathfinder', 2, 256, None, 1, True, 'lra.pathfinder'),
-    Task('pathx', 2, 256, None, 1, True, 'lra.pathfinder'),
+    Task(
+      'pathx', 2, 256, None, 1, True, 'lra.pathfinder', (('resolution', 128),)
+    ),
   ]
 }
 
