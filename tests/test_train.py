@@ -124,10 +124,10 @@ def test_one_device_step_equals_four_device_step(data_dir):
   batch = batching.train_batch(
     inputs, labels, seed=0, step=0, global_batch=8, length=config.max_length
   )
-  key = jax.random.key(5)
   results = []
   for devices in (jax.devices()[:1], jax.devices()):
     replicated, batch_sharding = runtime.make_mesh(devices)
+    key = jax.random.key(5)  # made under the mesh it is used with
     graphdef, state = create_state(config, task, replicated)
     step = steps.make_train_step(graphdef)
     state, metrics = step(state, runtime.to_device(batch, batch_sharding), key)
