@@ -43,12 +43,12 @@ Presets:
 from configs import base, models
 
 
-def get_config(arg=None):
-  model_name, presets = base.parse_arg(arg)
+def common_config(task, resolution):
+  """What Pathfinder and Path-X share: the same task at another image size."""
   c = base.get_base_config()
-  c.task = 'pathfinder'
+  c.task = task
   # Image side in pixels: 32 (LRA Pathfinder), 64, 128 (Path-X) or 256.
-  c.data.resolution = 32
+  c.data.resolution = resolution
   # Paddles per target snake: 'easy' 6, 'intermediate' 9, 'hard' 14 (LRA).
   c.data.difficulty = 'hard'
   # 'auto' (release files if present, else generate), 'generate', 'release'.
@@ -58,14 +58,9 @@ def get_config(arg=None):
   # Seeds the generator and the split (not the training: that is c.seed).
   c.data.seed = 0
   # One token per pixel: must be data.resolution**2 (the cache width).
-  c.max_length = 32 * 32
-  c.batch_size = 512
-  c.num_train_steps = 62_400
-  c.eval_every_steps = 312
-  c.checkpoint_every_steps = 3120
+  c.max_length = resolution * resolution
   c.learning_rate = 0.001
   c.schedule = 'cosine'
-  c.warmup_steps = 312
   c.weight_decay = 0.0
   c.model.num_layers = 1
   c.model.emb_dim = 32
@@ -76,17 +71,22 @@ def get_config(arg=None):
   c.model.attention_dropout_rate = 0.1
   c.model.pooling = 'mean'
   c.model.positions = 'learned'
-  models.apply_model(c, model_name)
+  return c
 
-  if 'small' in presets:
+
+def apply_presets(c, presets):
+  """`small` and `smoke` (both 32 x 32 easy images), then lock."""
+  if presets:
+    c.data.resolution = 32
     c.data.difficulty = 'easy'
+    c.max_length = 32 * 32
+  if 'small' in presets:
     c.data.num_examples = 20_000
     c.batch_size = 32
     c.num_train_steps = 1000
     c.eval_every_steps = 500
     c.checkpoint_every_steps = 500
     c.log_every_steps = 50
-    c.learning_rate = 1e-3
     c.warmup_steps = 100
     c.model.update(
       dict(
@@ -100,7 +100,18 @@ def get_config(arg=None):
       )
     )
   if 'smoke' in presets:
-    c.data.difficulty = 'easy'
     c.data.num_examples = 320
-    base.apply_smoke(c)
+    base.apply_smoke(c, 32 * 32)
   return base.finalize(c, presets)
+
+
+def get_config(arg=None):
+  model_name, presets = base.parse_arg(arg)
+  c = common_config('pathfinder', 32)
+  c.batch_size = 512
+  c.num_train_steps = 62_400
+  c.eval_every_steps = 312
+  c.checkpoint_every_steps = 3120
+  c.warmup_steps = 312
+  models.apply_model(c, model_name)
+  return apply_presets(c, presets)

@@ -32,68 +32,17 @@ Presets:
   smoke: 320 easy 32 x 32 images, a tiny model, a few seconds, for tests.
 """
 
-from configs import base, models
+from configs import base, models, pathfinder
 
 
 def get_config(arg=None):
   model_name, presets = base.parse_arg(arg)
-  c = base.get_base_config()
-  c.task = 'pathx'
-  # Image side in pixels: 128 (LRA Path-X); 32, 64 or 256 also work.
-  c.data.resolution = 128
-  # Paddles per target snake: 'easy' 6, 'intermediate' 9, 'hard' 14 (LRA).
-  c.data.difficulty = 'hard'
-  # 'auto' (release files if present, else generate), 'generate', 'release'.
-  c.data.source = 'auto'
-  # Images generated, split 80/10/10 (ignored for release files).
-  c.data.num_examples = 200_000
-  # Seeds the generator and the split (not the training: that is c.seed).
-  c.data.seed = 0
-  # One token per pixel: must be data.resolution**2 (the cache width).
-  c.max_length = 128 * 128
+  c = pathfinder.common_config('pathx', 128)
   c.batch_size = 64
   c.num_train_steps = 500_000
   c.eval_every_steps = 5000
   c.checkpoint_every_steps = 5000
-  c.learning_rate = 0.001
-  c.schedule = 'cosine'
   c.warmup_steps = 2500
-  c.weight_decay = 0.0
   c.grad_clip_norm = 1.0
-  c.model.num_layers = 1
-  c.model.emb_dim = 32
-  c.model.qkv_dim = 16
-  c.model.num_heads = 2
-  c.model.mlp_dim = 32
-  c.model.dropout_rate = 0.1
-  c.model.attention_dropout_rate = 0.1
-  c.model.pooling = 'mean'
-  c.model.positions = 'learned'
   models.apply_model(c, model_name)
-
-  if 'small' in presets:
-    c.data.resolution = 32
-    c.data.difficulty = 'easy'
-    c.data.num_examples = 20_000
-    c.max_length = 32 * 32
-    c.batch_size = 32
-    c.num_train_steps = 1000
-    c.eval_every_steps = 500
-    c.checkpoint_every_steps = 500
-    c.log_every_steps = 50
-    c.warmup_steps = 100
-    c.model.update(
-      dict(
-        emb_dim=64,
-        qkv_dim=64,
-        mlp_dim=128,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-      )
-    )
-  if 'smoke' in presets:
-    c.data.resolution = 32
-    c.data.difficulty = 'easy'
-    c.data.num_examples = 320
-    base.apply_smoke(c, 32 * 32)
-  return base.finalize(c, presets)
+  return pathfinder.apply_presets(c, presets)
