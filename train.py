@@ -172,6 +172,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
   results = {
     'task': config.task,
     'model': config.model_name,
+    'preset': config.preset,
     'best_step': best['step'],
     'val': best['val'],
     'test': test,

@@ -11,6 +11,8 @@ def get_base_config():
   c = ml_collections.ConfigDict()
   # Task registry key (lra/tasks.py); set by the task file.
   c.task = ''
+  # Presets applied, e.g. 'small' ('' = the LRA reference configuration).
+  c.preset = ''
   # Model registry key (configs/models.py); set from the `:<model>` argument.
   c.model_name = ''
   # Seeds parameters, data order and dropout; same seed, same run.
@@ -106,6 +108,7 @@ def finalize(c, presets):
     raise ValueError(
       f'Unknown preset {unknown[0]!r}; known presets: {", ".join(PRESETS)}.'
     )
+  c.preset = ','.join(presets)
   c.lock()
   return c
 

@@ -17,8 +17,12 @@ def paper():
     return json.load(f)
 
 
-def collect_runs(runs_dir):
-  """{(task, model): [test accuracy %, ...]} from every results.json below."""
+def collect_runs(runs_dir, with_preset=False):
+  """{(task, model): [test accuracy %, ...]} from every results.json below.
+
+  with_preset: label runs of a preset apart, e.g. 'transformer [small]', so
+  a CPU-sized run is never read as a reproduction of the paper's setting.
+  """
   paths = sorted(
     glob.glob(os.path.join(runs_dir, '**', 'results.json'), recursive=True)
   )
@@ -30,7 +34,10 @@ def collect_runs(runs_dir):
   for path in paths:
     with open(path) as f:
       r = json.load(f)
-    runs.setdefault((r['task'], r['model']), []).append(
+    model = r['model']
+    if with_preset and r.get('preset'):
+      model += f' [{r["preset"]}]'
+    runs.setdefault((r['task'], model), []).append(
       100.0 * r['test']['accuracy']
     )
   return runs
@@ -43,14 +50,15 @@ def lra_average(scores):
 
 
 def accuracy_table(runs_dir):
-  runs = collect_runs(runs_dir)
+  runs = collect_runs(runs_dir, with_preset=True)
   table1 = paper()['table1_accuracy']
   cols = table1['columns']
   models = sorted({m for _, m in runs}, key=lambda m: (m not in table1, m))
   head = '| model | ' + ' | '.join(TASK_COLUMNS) + ' | avg |'
   lines = [
     "Test accuracy (%): ours, with the LRA paper's in brackets; "
-    '"±" is the spread over runs.',
+    '"±" is the spread over runs; [preset] marks runs that are not the '
+    'reference configuration.',
     '',
     head,
     '|' + '---|' * (len(TASK_COLUMNS) + 2),
@@ -67,7 +75,8 @@ def accuracy_table(runs_dir):
       cell = '-' if value is None else f'{value:.2f}'
       if t != 'avg' and len(runs.get((t, model), [])) > 1:
         cell += f' ±{np.std(runs[(t, model)]):.2f}'
-      ref = table1.get(model, [None] * len(cols))[cols.index(t)]
+      ref = table1.get(model.split(' [')[0], [None] * len(cols))
+      ref = ref[cols.index(t)]
       cells.append(cell + (f' ({ref:.2f})' if ref is not None else ''))
     lines.append(f'| {model} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)

@@ -13,6 +13,7 @@ import pytest
 from configs import listops as listops_config
 from lra import batching, runtime, steps, tasks
 from lra.metrics import read_rows
+from lra.report import accuracy_table
 from train import create_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,6 +69,11 @@ def test_smoke_run_writes_the_contract_files(full_run):
     assert np.isfinite(r['loss']) and 0 <= r['accuracy'] <= 1
   results = json.load(open(os.path.join(full_run, 'results.json')))
   assert results['task'] == 'listops' and results['model'] == 'transformer'
+  assert results['preset'] == 'smoke'
+  table = accuracy_table(full_run)
+  row = [ln for ln in table.splitlines() if '[smoke]' in ln][0]
+  assert row.startswith('| transformer [smoke] | ')
+  assert f'{100 * results["test"]["accuracy"]:.2f} (36.37)' in row
   assert results['test']['count'] == 64 and results['val']['count'] == 64
   best = [r for r in rows if r['split'] == 'val']
   assert results['best_step'] == max(best, key=lambda r: r['accuracy'])['step']
