@@ -125,6 +125,7 @@ def test_resuming_with_a_different_config_is_refused(full_run, data_dir):
 def test_one_device_step_equals_four_device_step(data_dir):
   assert jax.device_count() == 4
   config = listops_config.get_config('transformer,smoke')
+  config.data_dir = data_dir
   task = tasks.get_task('listops')
   inputs, labels = runtime.load_data(config, task, progress=False)['train']
   batch = batching.train_batch(
