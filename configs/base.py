@@ -82,6 +82,47 @@ def get_base_config():
   return c
 
 
+def apply_small(
+  c,
+  *,
+  num_train_steps,
+  warmup_steps,
+  num_layers,
+  emb_dim,
+  num_heads,
+  mlp_dim,
+  dropout_rate,
+  eval_every_steps=500,
+  weight_decay=0.01,
+):
+  """The `small` presets' CPU recipe: AdamW 1e-3 with warmup and cosine
+  decay, no attention dropout, evaluation and checkpoints every 500 steps;
+  the task picks the model size, the steps and the data."""
+  c.update(
+    dict(
+      num_train_steps=num_train_steps,
+      warmup_steps=warmup_steps,
+      eval_every_steps=eval_every_steps,
+      checkpoint_every_steps=500,
+      log_every_steps=50,
+      learning_rate=1e-3,
+      schedule='cosine',
+      weight_decay=weight_decay,
+    )
+  )
+  c.model.update(
+    dict(
+      num_layers=num_layers,
+      emb_dim=emb_dim,
+      qkv_dim=emb_dim,
+      num_heads=num_heads,
+      mlp_dim=mlp_dim,
+      dropout_rate=dropout_rate,
+      attention_dropout_rate=0.0,
+    )
+  )
+
+
 def apply_smoke(c, max_length=64):
   """The `smoke` preset of every task: a 1-layer, 16-wide model for 6 steps
   (evaluated and checkpointed at 3 and 6); seconds on a CPU, for tests."""

@@ -62,22 +62,16 @@ def get_config(arg=None):
 
   if 'small' in presets:
     c.batch_size = 32
-    c.num_train_steps = 1500
-    c.eval_every_steps = 500
-    c.checkpoint_every_steps = 500
-    c.log_every_steps = 50
-    c.learning_rate = 1e-3
-    c.warmup_steps = 100
-    c.model.update(
-      dict(
-        num_layers=1,
-        emb_dim=64,
-        qkv_dim=64,
-        num_heads=2,
-        mlp_dim=128,
-        dropout_rate=0.1,
-        attention_dropout_rate=0.0,
-      )
+    base.apply_small(
+      c,
+      num_train_steps=1500,
+      warmup_steps=100,
+      weight_decay=0.0,
+      num_layers=1,
+      emb_dim=64,
+      num_heads=2,
+      mlp_dim=128,
+      dropout_rate=0.1,
     )
   if 'smoke' in presets:
     base.apply_smoke(c)

@@ -46,24 +46,15 @@ def get_config(arg=None):
   if 'small' in presets:
     c.data.variant = 'small'
     c.max_length = 200
-    c.num_train_steps = 3000
-    c.eval_every_steps = 500
-    c.checkpoint_every_steps = 500
-    c.log_every_steps = 50
-    c.learning_rate = 1e-3
-    c.schedule = 'cosine'
-    c.warmup_steps = 300
-    c.weight_decay = 0.01
-    c.model.update(
-      dict(
-        num_layers=2,
-        emb_dim=128,
-        qkv_dim=128,
-        num_heads=4,
-        mlp_dim=256,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-      )
+    base.apply_small(
+      c,
+      num_train_steps=3000,
+      warmup_steps=300,
+      num_layers=2,
+      emb_dim=128,
+      num_heads=4,
+      mlp_dim=256,
+      dropout_rate=0.0,
     )
   if 'smoke' in presets:
     c.data.variant = 'smoke'

@@ -83,21 +83,16 @@ def apply_presets(c, presets):
   if 'small' in presets:
     c.data.num_examples = 20_000
     c.batch_size = 32
-    c.num_train_steps = 1000
-    c.eval_every_steps = 500
-    c.checkpoint_every_steps = 500
-    c.log_every_steps = 50
-    c.warmup_steps = 100
-    c.model.update(
-      dict(
-        num_layers=1,
-        emb_dim=64,
-        qkv_dim=64,
-        num_heads=2,
-        mlp_dim=128,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-      )
+    base.apply_small(
+      c,
+      num_train_steps=1000,
+      warmup_steps=100,
+      weight_decay=0.0,
+      num_layers=1,
+      emb_dim=64,
+      num_heads=2,
+      mlp_dim=128,
+      dropout_rate=0.0,
     )
   if 'smoke' in presets:
     c.data.num_examples = 320

@@ -60,24 +60,16 @@ def get_config(arg=None):
 
   if 'small' in presets:
     c.max_length = 1024
-    c.num_train_steps = 2000
-    c.eval_every_steps = 1000
-    c.checkpoint_every_steps = 500
-    c.log_every_steps = 50
-    c.learning_rate = 1e-3
-    c.schedule = 'cosine'
-    c.warmup_steps = 200
-    c.weight_decay = 0.01
-    c.model.update(
-      dict(
-        num_layers=2,
-        emb_dim=64,
-        qkv_dim=64,
-        num_heads=4,
-        mlp_dim=128,
-        dropout_rate=0.1,
-        attention_dropout_rate=0.0,
-      )
+    base.apply_small(
+      c,
+      num_train_steps=2000,
+      warmup_steps=200,
+      eval_every_steps=1000,
+      num_layers=2,
+      emb_dim=64,
+      num_heads=4,
+      mlp_dim=128,
+      dropout_rate=0.1,
     )
   if 'smoke' in presets:
     base.apply_smoke(c)
