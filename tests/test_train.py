@@ -167,3 +167,35 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
   assert 'Traceback' not in proc.stderr
   saved = os.listdir(os.path.join(workdir, 'checkpoints', 'latest'))
   assert str(step - 1) in saved and str(step) not in saved
+
+
+def test_bfloat16_and_accumulated_steps_train(data_dir):
+  """bf16 compute keeps f32 params and a finite f32 loss; MultiSteps only
+  applies the update every k-th step."""
+  config = listops_config.get_config('transformer,smoke')
+  config.data_dir = data_dir
+  config.dtype = 'bfloat16'
+  config.grad_accum_steps = 2
+  task = tasks.get_task('listops')
+  inputs, labels = runtime.load_data(config, task, progress=False)['train']
+  replicated, batch_sharding = runtime.make_mesh()
+  graphdef, state = create_state(config, task, replicated)
+  step = steps.make_train_step(graphdef)
+  params = lambda s: jax.device_get(s[0])  # noqa: E731  the model's state
+  before = jax.tree.leaves(params(state))
+  seen = []
+  for i in range(4):
+    batch = batching.train_batch(
+      inputs, labels, seed=0, step=i, global_batch=8, length=config.max_length
+    )
+    state, m = step(
+      state, runtime.to_device(batch, batch_sharding), jax.random.key(i)
+    )
+    assert m['loss'].dtype == np.float32 and np.isfinite(m['loss'])
+    seen.append(jax.tree.leaves(params(state)))
+  assert all(p.dtype == np.float32 for p in before)
+  same = lambda x, y: all(np.array_equal(a, b) for a, b in zip(x, y))  # noqa: E731
+  # Odd micro-steps only accumulate. The first real update (after micro-step
+  # 2) has learning rate 0, as the warmup schedules start at 0 (as LRA's).
+  assert same(before, seen[0]) and same(seen[1], seen[2])
+  assert not same(seen[2], seen[3])
