@@ -109,6 +109,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
   def save(step):
     ckpt.save('latest', step, state, {'step': step, 'best': best})
 
+  # `state` holds step `done`; every evaluation and save owed up to step
+  # `settled` is done, so a checkpoint there resumes exactly.
+  done = settled = start
   try:
     for step in range(start + 1, config.num_train_steps + 1):
       batch = batching.train_batch(
@@ -125,6 +128,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
         runtime.to_device(batch, batch_sharding),
         jax.random.fold_in(base_key, step),
       )
+      done = step
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.num_train_steps
@@ -147,9 +151,25 @@ def train_and_evaluate(config, workdir, stop_after=None):
         flush(step)
         save(step)
         last_good = step
+      settled = step
       if stop_after is not None and step >= stop_after:
         bar.close()
         os._exit(3)  # pylint: disable=protected-access
+  except KeyboardInterrupt:
+    bar.close()
+    intact = not any(x.is_deleted() for x in jax.tree.leaves(state))
+    if done == settled > last_good and intact:
+      if all(np.isfinite(m['loss']) for _, m in jax.device_get(pending)):
+        save(settled)
+        last_good = settled
+    ckpt.close()
+    where = f'step {last_good}' if last_good else 'no checkpoint yet'
+    print(
+      f'Interrupted; latest checkpoint: {where}. Run the same command to '
+      'resume.',
+      file=sys.stderr,
+    )
+    sys.exit(130)
   except NonFiniteLoss as e:
     bar.close()
     kept = (

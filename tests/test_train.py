@@ -3,8 +3,10 @@ resume, eval equals training, 1 vs 4 devices, non-finite loss."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -199,3 +201,40 @@ def test_bfloat16_and_accumulated_steps_train(data_dir):
   # 2) has learning rate 0, as the warmup schedules start at 0 (as LRA's).
   assert same(before, seen[0]) and same(seen[1], seen[2])
   assert not same(seen[2], seen[3])
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, data_dir):
+  workdir = tmp_path / 'interrupted'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      'train.py',
+      f'--config={SMOKE}',
+      f'--workdir={workdir}',
+      f'--config.data_dir={data_dir}',
+      '--config.num_train_steps=100000',
+      '--config.eval_every_steps=100000',
+      '--config.checkpoint_every_steps=100000',
+      '--config.log_every_steps=5',
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.time() + 120
+  while not (metrics.exists() and metrics.read_text().strip()):
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert 'Traceback' not in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('Interrupted; latest checkpoint: step ')
+  step = int(last.split('step ')[1].split('.')[0])
+  assert step >= 5
+  assert os.listdir(workdir / 'checkpoints' / 'latest') == [str(step)]
+  run('eval.py', f'--workdir={workdir}', '--which=latest', '--split=val')
+  assert json.load(open(workdir / 'eval_val.json'))['step'] == step
