@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 import tqdm
 
-from lra import cache, tfrecord
+from lra import cache, release, tfrecord
 from lra.errors import UserError
 
 ARCHIVE = 'cifar-10-python.tar.gz'
@@ -40,17 +40,11 @@ TRAIN_BATCHES = tuple(f'data_batch_{i}' for i in range(1, 6))
 BATCHES = TRAIN_BATCHES + ('test_batch',)
 VAL_FRACTION = 0.1
 WEIGHTS = (0.2989, 0.5870, 0.1140)  # R, G, B, as tf.image.rgb_to_grayscale
-SOURCES = ('auto', 'archive', 'folders', 'tfds')
 _PIXELS = 32 * 32
 
 
 def _source(options):
-  source = options.get('source', 'auto')
-  if source not in SOURCES:
-    raise UserError(
-      f'Unknown data.source {source!r}; use one of {", ".join(SOURCES)}.'
-    )
-  return source
+  return release.check_source(options.get('source', 'auto'))
 
 
 def cache_name(options):
@@ -215,25 +209,18 @@ def _find_source(data_dir, source, progress):
     'folders': os.path.join(root, FOLDER),
     'tfds': os.path.join(root, 'tensorflow_datasets', 'cifar10'),
   }
-  wanted = SOURCES[1:] if source == 'auto' else (source,)
-  for name in wanted:
-    path = paths[name]
-    if name == 'archive' and os.path.isfile(path):
-      return name, path, _from_batches(_read_archive(path), progress)
-    if name == 'folders' and os.path.isdir(path):
-      return name, path, _from_batches(_read_folder(path), progress)
-    if name == 'tfds':
-      files = tfrecord.tfds_files(path, 'cifar10', ('train', 'test'))
-      if files:
-        return name, path, _read_tfds(files, progress)
-  if source == 'tfds':
-    raise UserError(
-      'No TFDS cifar10 found: put the prepared cifar10-{train,test}'
-      f'.tfrecord-* files in {paths["tfds"]}/<version>/.'
-    )
-  raise UserError(
-    f'No CIFAR-10 source found: download {ARCHIVE} ({URL}) and put it at '
-    f'{paths["archive"]}, or unpack it there.'
+  return release.find(
+    source,
+    paths,
+    {
+      'archive': lambda path: _from_batches(_read_archive(path), progress),
+      'folders': lambda path: _from_batches(_read_folder(path), progress),
+      'tfds': lambda files: _read_tfds(files, progress),
+    },
+    dataset='CIFAR-10',
+    tfds_name='cifar10',
+    archive=ARCHIVE,
+    url=URL,
   )
 
 

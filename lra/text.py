@@ -27,7 +27,7 @@ import zlib
 import numpy as np
 import tqdm
 
-from lra import cache, tfrecord
+from lra import cache, release, tfrecord
 from lra.errors import UserError
 
 WIDTH = 4000  # cache width in bytes
@@ -35,7 +35,6 @@ HELDOUT_FRACTION = 0.1
 HELDOUT_SEED = 0
 ARCHIVE = 'aclImdb_v1.tar.gz'
 URL = 'https://ai.stanford.edu/~amaas/data/sentiment/'
-SOURCES = ('auto', 'archive', 'folders', 'tfds')
 _LABELS = {'neg': 0, 'pos': 1}
 _MEMBER = re.compile(r'(?:\./)?aclImdb/(train|test)/(pos|neg)/([^/]+\.txt)')
 
@@ -45,11 +44,7 @@ def _options(options):
   source = options.get('source', 'auto')
   if val not in ('test', 'heldout'):
     raise UserError(f"Unknown data.val {val!r}; use 'test' or 'heldout'.")
-  if source not in SOURCES:
-    raise UserError(
-      f'Unknown data.source {source!r}; use one of {", ".join(SOURCES)}.'
-    )
-  return val, source
+  return val, release.check_source(source)
 
 
 def cache_name(options):
@@ -155,26 +150,18 @@ def _read_tfds(files, progress):
 
 def _find_source(data_dir, source, progress):
   """Returns (source name, its path, {split: [(key, label, text)]})."""
-  paths = _source_paths(data_dir)
-  wanted = SOURCES[1:] if source == 'auto' else (source,)
-  for name in wanted:
-    path = paths[name]
-    if name == 'archive' and os.path.isfile(path):
-      return name, path, _read_archive(path, progress)
-    if name == 'folders' and os.path.isdir(path):
-      return name, path, _read_folders(path, progress)
-    if name == 'tfds':
-      files = tfrecord.tfds_files(path, 'imdb_reviews', ('train', 'test'))
-      if files:
-        return name, path, _read_tfds(files, progress)
-  if source == 'tfds':
-    raise UserError(
-      'No TFDS imdb_reviews found: put the prepared imdb_reviews-{train,test}'
-      f'.tfrecord-* files in {paths["tfds"]}/<version>/.'
-    )
-  raise UserError(
-    f'No IMDB source found: download {ARCHIVE} ({URL}) and put it at '
-    f'{paths["archive"]}, or unpack it there.'
+  return release.find(
+    source,
+    _source_paths(data_dir),
+    {
+      'archive': lambda path: _read_archive(path, progress),
+      'folders': lambda path: _read_folders(path, progress),
+      'tfds': lambda files: _read_tfds(files, progress),
+    },
+    dataset='IMDB',
+    tfds_name='imdb_reviews',
+    archive=ARCHIVE,
+    url=URL,
   )
 
 
