@@ -60,7 +60,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
     start = ckpt.latest_step()
     state, meta = ckpt.restore('latest', start, state)
     best = meta['best']
-    logging.info('Resumed from step %d', start)
+    print(f'Resuming {workdir} from step {start}.')
   log = MetricsLog(workdir, resume_step=start if start else None)
   if start >= config.num_train_steps and os.path.exists(
     os.path.join(workdir, 'results.json')
