@@ -12,7 +12,9 @@ best-on-validation checkpoint).
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 from absl import app, flags, logging
@@ -109,9 +111,18 @@ def train_and_evaluate(config, workdir, stop_after=None):
   def save(step):
     ckpt.save('latest', step, state, {'step': step, 'best': best})
 
-  # `state` holds step `done`; every evaluation and save owed up to step
-  # `settled` is done, so a checkpoint there resumes exactly.
-  done = settled = start
+  # Ctrl-C asks to stop at the end of the current step (a checkpoint there
+  # resumes exactly); a second Ctrl-C interrupts at once.
+  stop_requested = []
+
+  def request_stop(signum, frame):
+    del signum, frame
+    stop_requested.append(True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+  main_thread = threading.current_thread() is threading.main_thread()
+  if main_thread:  # signal handlers can only be set there
+    previous_handler = signal.signal(signal.SIGINT, request_stop)
   try:
     for step in range(start + 1, config.num_train_steps + 1):
       batch = batching.train_batch(
@@ -128,7 +139,6 @@ def train_and_evaluate(config, workdir, stop_after=None):
         runtime.to_device(batch, batch_sharding),
         jax.random.fold_in(base_key, step),
       )
-      done = step
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.num_train_steps
@@ -151,17 +161,16 @@ def train_and_evaluate(config, workdir, stop_after=None):
         flush(step)
         save(step)
         last_good = step
-      settled = step
       if stop_after is not None and step >= stop_after:
         bar.close()
         os._exit(3)  # pylint: disable=protected-access
+      if stop_requested:
+        flush(step)
+        save(step)
+        last_good = step
+        raise KeyboardInterrupt
   except KeyboardInterrupt:
     bar.close()
-    intact = not any(x.is_deleted() for x in jax.tree.leaves(state))
-    if done == settled > last_good and intact:
-      if all(np.isfinite(m['loss']) for _, m in jax.device_get(pending)):
-        save(settled)
-        last_good = settled
     ckpt.close()
     where = f'step {last_good}' if last_good else 'no checkpoint yet'
     print(
@@ -181,6 +190,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
       f'Training stopped: the loss is not finite at step {e.args[0]}; {kept} '
       '(lower --config.learning_rate or set --config.grad_clip_norm).'
     ) from None
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGINT, previous_handler)
   bar.close()
 
   # ---- test on the best-on-validation checkpoint

@@ -15,10 +15,6 @@ from lra.errors import UserError
 SPLITS = ('train', 'val', 'test')
 
 
-def smallest_dtype(vocab_size: int):
-  return np.uint8 if vocab_size <= 256 else np.int16
-
-
 def save_split(cache_dir, split, inputs, labels):
   """Writes one split atomically (tmp file + rename), so a crash never leaves
   a truncated cache that looks complete."""

@@ -62,12 +62,6 @@ class Checkpoints:
     )
     return out['state'], out['meta']
 
-  def restore_meta(self, which, step):
-    out = self._manager(which).restore(
-      step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-    )
-    return out['meta']
-
   def close(self):
     self.latest.close()
     self.best.close()

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from lra.errors import UserError
 from models.encoder import Encoder
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
-from models.layers import as_dtype, split_key
+from models.layers import as_dtype
 
 
 class Classifier(nnx.Module):
@@ -47,19 +47,17 @@ class Classifier(nnx.Module):
     self.head = head(
       cfg.emb_dim, cfg.mlp_dim, num_classes, dtype=dtype, rngs=rngs
     )
-    self.dropout_rate = cfg.dropout_rate
 
   def __call__(self, tokens, *, key=None):
     """tokens int [B, L] (or [B, 2, L]); key: dropout PRNG key or None."""
-    k_enc, _ = split_key(key, 2)
     if self.num_inputs == 2:
       b = tokens.shape[0]
       both_2BxL = jnp.concatenate([tokens[:, 0], tokens[:, 1]], axis=0)
-      x, padding, aux = self.encoder(both_2BxL, key=k_enc)
+      x, padding, aux = self.encoder(both_2BxL, key=key)
       pooled_2BxE = pool_BxE(x, padding, self.pooling)
       logits = self.head(pooled_2BxE[:b], pooled_2BxE[b:])
     else:
-      x, padding, aux = self.encoder(tokens, key=k_enc)
+      x, padding, aux = self.encoder(tokens, key=key)
       logits = self.head(pool_BxE(x, padding, self.pooling))
     return logits.astype(jnp.float32), aux
 
