@@ -14,6 +14,18 @@ MODELS = {
   # The same function through jax.nn.dot_product_attention (cuDNN flash
   # attention on GPU). It has no attention dropout.
   'transformer_fused': {'name': 'softmax', 'implementation': 'fused'},
+  # Efficient attentions (models/attention/<name>.py); each model name is its
+  # core's name, with the reference harness's default options.
+  'local': {'name': 'local', 'block_size': 50},
+  'sparse_transformer': {'name': 'sparse_transformer'},
+  'longformer': {'name': 'longformer'},
+  'bigbird': {'name': 'bigbird'},
+  'sinkhorn': {'name': 'sinkhorn'},
+  'synthesizer': {'name': 'synthesizer'},
+  'linformer': {'name': 'linformer'},
+  'linear_transformer': {'name': 'linear_transformer'},
+  'performer': {'name': 'performer'},
+  'reformer': {'name': 'reformer'},
 }
 
 # (task, model) -> flattened overrides, the reference harness's per-model

@@ -24,8 +24,10 @@ class Encoder(nnx.Module):
       )
     self.blocks = nnx.List(
       [
-        TransformerBlock(cfg, max_length=total, dtype=dtype, rngs=rngs)
-        for _ in range(cfg.num_layers)
+        TransformerBlock(
+          cfg, max_length=total, dtype=dtype, rngs=rngs, layer_index=i
+        )
+        for i in range(cfg.num_layers)
       ]
     )
     self.ln_final = nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)

@@ -29,6 +29,7 @@ class MultiHeadAttention(nnx.Module):
     dropout_rate,
     dtype,
     rngs,
+    layer_index=0,
   ):
     if qkv_dim % num_heads:
       raise ValueError(f'qkv_dim {qkv_dim} not divisible by {num_heads} heads')
@@ -42,6 +43,7 @@ class MultiHeadAttention(nnx.Module):
       dropout_rate=dropout_rate,
       dtype=dtype,
       rngs=rngs,
+      layer_index=layer_index,
     )
     linear = lambda i, o: nnx.Linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query = linear(emb_dim, qkv_dim)
@@ -76,7 +78,7 @@ class Mlp(nnx.Module):
 class TransformerBlock(nnx.Module):
   """Pre-LayerNorm: x + attn(LN(x)), then x + mlp(LN(x))."""
 
-  def __init__(self, cfg, *, max_length, dtype, rngs):
+  def __init__(self, cfg, *, max_length, dtype, rngs, layer_index=0):
     e = cfg.emb_dim
     self.ln_attn = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
     self.attn = MultiHeadAttention(
@@ -88,6 +90,7 @@ class TransformerBlock(nnx.Module):
       dropout_rate=cfg.attention_dropout_rate,
       dtype=dtype,
       rngs=rngs,
+      layer_index=layer_index,
     )
     self.ln_mlp = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
     self.mlp = Mlp(

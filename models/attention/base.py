@@ -71,3 +71,59 @@ def visible_any_BxL(mask, batch, length_q, length_k):
     first_real = jnp.argmax(mask.key_padding_BxM, axis=-1)[:, None]
     return any_b & (jnp.arange(length_q)[None, :] >= first_real)
   return jnp.broadcast_to(any_b, (batch, length_q))
+
+
+def attend(q_XxCxD, k_XxKxD, v_XxKxD, allowed_XxCxK, *, scale, rate=0.0,
+           key=None):
+  """Masked softmax attention over gathered keys; any leading dims X.
+
+  The shared kernel of the sparse cores: each gathers, per query block, the
+  K keys it may see (K << L) and calls this. Logits and softmax in float32;
+  `allowed` (broadcastable to [..., C, K]) says which (query, key) pairs are
+  visible; a query with no visible key gets zeros (never NaN, finite
+  gradients). Returns out [..., C, D] in v's dtype.
+  """
+  logits_XxCxK = (
+    jnp.einsum(
+      '...cd,...kd->...ck',
+      q_XxCxD,
+      k_XxKxD,
+      preferred_element_type=jnp.float32,
+    )
+    * scale
+  )
+  logits_XxCxK = jnp.where(allowed_XxCxK, logits_XxCxK, -1e30)
+  weights_XxCxK = jax.nn.softmax(logits_XxCxK, axis=-1)
+  weights_XxCxK = jnp.where(allowed_XxCxK, weights_XxCxK, 0.0)
+  weights_XxCxK = dropout(weights_XxCxK, rate, key)
+  return jnp.einsum(
+    '...ck,...kd->...cd', weights_XxCxK.astype(v_XxKxD.dtype), v_XxKxD
+  )
+
+
+def pad_to_multiple(x, multiple, axis=1, value=0):
+  """Pads `axis` of x at the end up to a multiple of `multiple`."""
+  extra = -x.shape[axis] % multiple
+  if not extra:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def key_valid_BxM(mask, batch, length_k):
+  """bool[B, M]: the key padding mask, all True when there is none."""
+  if mask.key_padding_BxM is None:
+    return jnp.ones((batch, length_k), bool)
+  return mask.key_padding_BxM
+
+
+def refuse_causal(core, mask, why=''):
+  """Raises the one-sentence error for a core that cannot be causal."""
+  if mask.causal:
+    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+    raise UserError(
+      f'Attention core {core.registry_name!r} cannot be causal'
+      f'{why}; use another core for causal masks.'
+    )

@@ -38,9 +38,21 @@ def get_core_class(name):
 
 
 def build(
-  options, *, num_heads, head_dim, max_length, dropout_rate, dtype, rngs
+  options,
+  *,
+  num_heads,
+  head_dim,
+  max_length,
+  dropout_rate,
+  dtype,
+  rngs,
+  layer_index=0,
 ):
-  """Builds the core named by options['name'] with the rest as arguments."""
+  """Builds the core named by options['name'] with the rest as arguments.
+
+  layer_index: the block's index in the encoder, for cores whose random
+  layout is a function of (seed, layer, head) (BigBird, Reformer).
+  """
   options = dict(options)
   cls = get_core_class(options.pop('name'))
   accepted = inspect.signature(cls.__init__).parameters
@@ -57,6 +69,7 @@ def build(
     dropout_rate=dropout_rate,
     dtype=dtype,
     rngs=rngs,
+    layer_index=layer_index,
     **options,
   )
 
@@ -69,6 +82,7 @@ _COMMON = (
   'dropout_rate',
   'dtype',
   'rngs',
+  'layer_index',
 )
 
 

@@ -34,9 +34,10 @@ class SoftmaxAttention(AttentionCore):
     dropout_rate,
     dtype,
     rngs,
+    layer_index=0,
     implementation='einsum',
   ):
-    del num_heads, max_length, rngs
+    del num_heads, max_length, rngs, layer_index
     if implementation not in IMPLEMENTATIONS:
       raise UserError(
         f'Unknown softmax implementation {implementation!r}; use one of '
