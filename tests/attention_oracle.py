@@ -12,8 +12,17 @@ import numpy as np
 from models.attention import Mask, build  # noqa: F401 (re-exported)
 
 
-def make(options, *, num_heads=2, head_dim=8, max_length=64,
-         dropout_rate=0.0, seed=0, layer_index=0, dtype=jnp.float32):
+def make(
+  options,
+  *,
+  num_heads=2,
+  head_dim=8,
+  max_length=64,
+  dropout_rate=0.0,
+  seed=0,
+  layer_index=0,
+  dtype=jnp.float32,
+):
   """Builds a core from a `model.attention` block ({'name': ..., opts})."""
   return build(
     dict(options),
@@ -30,9 +39,7 @@ def make(options, *, num_heads=2, head_dim=8, max_length=64,
 def qkv(seed=0, batch=2, length=37, heads=2, dim=8, scale=1.0):
   """Three normal [B, L, H, D] arrays from one seed."""
   ks = jax.random.split(jax.random.key(seed), 3)
-  return [
-    scale * jax.random.normal(k, (batch, length, heads, dim)) for k in ks
-  ]
+  return [scale * jax.random.normal(k, (batch, length, heads, dim)) for k in ks]
 
 
 def padding(lengths, length):

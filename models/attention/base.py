@@ -73,8 +73,9 @@ def visible_any_BxL(mask, batch, length_q, length_k):
   return jnp.broadcast_to(any_b, (batch, length_q))
 
 
-def attend(q_XxCxD, k_XxKxD, v_XxKxD, allowed_XxCxK, *, scale, rate=0.0,
-           key=None):
+def attend(
+  q_XxCxD, k_XxKxD, v_XxKxD, allowed_XxCxK, *, scale, rate=0.0, key=None
+):
   """Masked softmax attention over gathered keys; any leading dims X.
 
   The shared kernel of the sparse cores: each gathers, per query block, the
