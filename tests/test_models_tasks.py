@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from configs import models as model_configs
-from lra import steps, tasks
+from lra import report, steps, tasks
+from lra.report import accuracy_table
 import train
 
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
@@ -85,3 +86,8 @@ def test_model_trains_on_listops(model, reversible, data_dir, tmp_path):
   results = train.train_and_evaluate(config, str(tmp_path / model))
   assert results['model'] == model and results['test']['count'] == 64
   assert np.isfinite(results['test']['loss'])
+  # Its row in the accuracy table, beside the paper's ListOps number.
+  row = accuracy_table(str(tmp_path)).splitlines()[-1]
+  ours = 100 * results['test']['accuracy']
+  paper = report.paper()['table1_accuracy'][model][0]
+  assert row.startswith(f'| {model} [smoke] | {ours:.2f} ({paper:.2f}) |')
