@@ -16,6 +16,13 @@ comparable across backends; on GPU/TPU the device's own peak is recorded too.
 'transformer' (einsum softmax, as LRA measured) and 'transformer_fused'
 (jax.nn.dot_product_attention) are always added unless listed as '-name'.
 
+--ceiling adds a row named 'ceiling', measured first in the same run: the
+transformer's Text config with model.attention = {'name': 'none'} (out = v,
+no token mixing; models/attention/none.py), the fastest and smallest any
+attention could be at that width. The table then also gives every model's
+speed and memory as a fraction of it. The ceiling is not a model name of
+configs/models.py: it is never trained, and eval.py --table never shows it.
+
 Presets (explicit --batch_size/--steps/--warmup override them):
   paper: the Text reference model (4 layers, emb 256, qkv 256, mlp 1024,
     4 heads), batch 32, 20 timed steps after 3 warm-up steps.
@@ -40,15 +47,17 @@ from absl import app, flags, logging
 import flax
 from flax import nnx
 import jax
+import ml_collections
 import numpy as np
 
 from configs import base as base_config
 from configs import models as model_configs
 from lra import runtime, steps, tasks
-from lra.bench_report import write_report
+from lra.bench_report import CEILING, write_report
 from lra.errors import UserError
 from lra.metrics import write_json
 from models.attention.memory import compiled_memory
+import models.attention.none  # noqa: F401 (registers 'none' for --ceiling)
 from models.classifier import build_model
 
 BASELINES = ('transformer', 'transformer_fused')
@@ -129,8 +138,17 @@ def text_config(model_name):
   return base_config.finalize(c, [])
 
 
+def ceiling_config():
+  """The transformer's Text config with no token mixing (attention 'none')."""
+  c = text_config('transformer')
+  c.model_name = CEILING
+  c.model.attention = ml_collections.ConfigDict({'name': 'none'})
+  c.model.attention_dropout_rate = 0.0  # it has no attention weights
+  return c
+
+
 def cell_config(model_name, length, preset, batch_size):
-  c = text_config(model_name)
+  c = ceiling_config() if model_name == CEILING else text_config(model_name)
   c.update_from_flattened_dict(
     {k: v for k, v in PRESETS[preset].items() if '.' in k}
   )
@@ -294,10 +312,23 @@ def model_summary(config):
 
 # ------------------------------------------------------------------ run
 def run_benchmark(
-  model_names, lengths, out, *, preset, batch_size, num_steps, warmup
+  model_names,
+  lengths,
+  out,
+  *,
+  preset,
+  batch_size,
+  num_steps,
+  warmup,
+  ceiling=False,
 ):
-  """Measures every (model, length) cell; writes and returns the rows."""
+  """Measures every (model, length) cell; writes and returns the rows.
+
+  ceiling: also measure the 'ceiling' row (attention 'none'), first.
+  """
   os.makedirs(out, exist_ok=True)
+  if ceiling:
+    model_names = [CEILING] + [m for m in model_names if m != CEILING]
   runtime.check_batch(batch_size)
   task = tasks.get_task('text')
   shardings = runtime.make_mesh()
@@ -362,6 +393,12 @@ def define_flags():
   flags.DEFINE_integer('steps', None, 'Timed steps per cell.')
   flags.DEFINE_integer('warmup', None, 'Untimed steps after compile.')
   flags.DEFINE_string('out', None, 'Output directory.')
+  flags.DEFINE_boolean(
+    'ceiling',
+    False,
+    "Also measure the no-attention ceiling (row 'ceiling') and give each "
+    "model's speed and memory as a fraction of it.",
+  )
 
 
 def main(argv):
@@ -393,6 +430,7 @@ def main(argv):
       batch_size=pick('batch_size'),
       num_steps=pick('steps'),
       warmup=pick('warmup'),
+      ceiling=f.ceiling,
     )
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -3,11 +3,18 @@
 benchmark.md has LRA Table 2's layout (steps/s and peak memory per length,
 the paper's numbers beneath ours); the plots draw one line per model against
 sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
+
+With a 'ceiling' row (benchmark.py --ceiling: attention 'none', no token
+mixing), benchmark.md notes it and adds two tables: each model's steps/s as
+a fraction of the ceiling's, and its memory as a multiple of the ceiling's.
 """
 
 import os
 
 from lra.report import paper
+
+# The model name of benchmark.py --ceiling's row.
+CEILING = 'ceiling'
 
 
 def _length_name(n):
@@ -56,6 +63,48 @@ def _table(title, rows, models, lengths, value, paper_values):
   return lines
 
 
+def _ceiling_tables(rows, models, lengths):
+  """Speed fraction and memory multiple of each model against the ceiling."""
+
+  def cells(m, value, fmt):
+    out = []
+    for n in lengths:
+      row, top = rows.get((m, n)), rows.get((CEILING, n))
+      if row is None:
+        out.append('-')
+      elif row['status'] != 'ok':
+        out.append(row['status'])
+      elif top is None or top['status'] != 'ok':
+        out.append('-')
+      else:
+        out.append(fmt(value(row) / value(top)))
+    return out
+
+  head = '| model | ' + ' | '.join(_length_name(n) for n in lengths) + ' |'
+  rule = '|---' * (len(lengths) + 1) + '|'
+  others = [m for m in models if m != CEILING]
+  lines = []
+  for title, value, fmt in (
+    (
+      "Speed as a fraction of the ceiling (steps/s over the ceiling's; "
+      '1 = as fast as no attention)',
+      lambda r: r['steps_per_sec'],
+      lambda x: f'{x:.2f}' if x < 10 else f'{x:.0f}',
+    ),
+    (
+      "Memory as a multiple of the ceiling (peak over the ceiling's; "
+      '1 = no more than no attention)',
+      lambda r: r['peak_memory_bytes'],
+      lambda x: f'{x:.2f}x' if x < 10 else f'{x:.0f}x',
+    ),
+  ):
+    lines += ['', f'### {title}', '', head, rule]
+    lines += [
+      f'| {m} | ' + ' | '.join(cells(m, value, fmt)) + ' |' for m in others
+    ]
+  return lines
+
+
 def markdown(rows, seconds=None, load=None):
   """LRA Table 2 layout: steps/s and peak memory per length."""
   by_cell = {(r['model'], r['length']): r for r in rows}
@@ -95,6 +144,13 @@ def markdown(rows, seconds=None, load=None):
     'peak memory per device in GB).',
     '',
   ]
+  if CEILING in models:
+    lines[-1:-1] = [
+      '`ceiling`: no attention at all (core `none`, out = v: no token '
+      "mixing; q and k unused) in the transformer's config, measured in "
+      'the same run: the best speed and memory any attention could reach '
+      'at this width. Not an LRA model.',
+    ]
   lines += _table(
     'Steps per second',
     by_cell,
@@ -112,6 +168,8 @@ def markdown(rows, seconds=None, load=None):
     lambda r: r['peak_memory_bytes'] / 1e9,
     table2['peak_memory_gb'],
   )
+  if CEILING in models:
+    lines += _ceiling_tables(by_cell, models, lengths)
   failed = [r for r in rows if r['status'] != 'ok']
   if failed:
     lines += ['', 'Failures:']

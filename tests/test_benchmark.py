@@ -8,12 +8,16 @@ import os
 import subprocess
 import sys
 
+from flax import nnx
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import benchmark
 from lra import bench_report, report
 from lra.errors import UserError
+from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,3 +170,112 @@ def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
   assert os.path.getsize(path) > 0
   with pytest.raises(UserError, match='benchmark.json'):
     report.bubble_chart(tmp_path, tmp_path)
+
+
+# ------------------------------------------------------------ --ceiling
+def test_ceiling_row_is_measured_beside_the_models(tmp_path):
+  rows = benchmark.run_benchmark(
+    ['transformer'],
+    [64],
+    str(tmp_path),
+    preset='tiny',
+    batch_size=max(2, jax.device_count()),
+    num_steps=1,
+    warmup=0,
+    ceiling=True,
+  )
+  assert [r['model'] for r in rows] == ['ceiling', 'transformer']
+  top, base = rows
+  assert top['status'] == 'ok', top['error']
+  assert top['model_config']['attention'] == {'name': 'none'}
+  # Same architecture and parameters, only the token mixing removed.
+  assert top['num_params'] == base['num_params']
+  assert top['peak_memory_bytes'] < base['peak_memory_bytes']
+  assert top['flops_per_step'] < base['flops_per_step']
+  table = (tmp_path / 'benchmark.md').read_text()
+  assert '| ceiling | ' in table and 'Not an LRA model' in table
+  assert '### Speed as a fraction of the ceiling' in table
+  memory = table.split('### Memory as a multiple of the ceiling')[1]
+  assert '| transformer | ' in memory and '| ceiling |' not in memory
+  # Never trained, so never in the bubble chart (nor eval.py --table).
+  _write_run(tmp_path / 'runs', 'a', 'text', 'transformer', 0.6)
+  points, _, _, _ = report.bubble_points(tmp_path / 'runs', tmp_path)
+  assert [p[0] for p in points] == ['transformer']
+
+
+def test_ceiling_tables_give_fractions():
+  rows = []
+  for model, speed, memory in (
+    ('ceiling', 4.0, 1e9),
+    ('transformer', 2.0, 2e9),
+    ('performer', 3.0, 1.25e9),
+  ):
+    row = dict.fromkeys(benchmark.ROW_FIELDS)
+    row.update(
+      model=model,
+      length=1024,
+      status='ok',
+      steps_per_sec=speed,
+      peak_memory_bytes=memory,
+      batch_size=1,
+      preset='paper',
+      timed_steps=5,
+      warmup_steps=1,
+      model_config=benchmark.model_summary(benchmark.ceiling_config()),
+    )
+    rows.append(row)
+  rows.append({**rows[2], 'length': 2048, 'status': 'OOM', 'error': 'OOM'})
+  text = bench_report.markdown(rows)
+  assert '| ceiling | 4 (2.0x) | - |' in text  # against the transformer
+  speed, memory = text.split('### Speed as a fraction')[1].split('### Memory')
+  assert '| transformer | 0.50 | - |' in speed
+  assert '| performer | 0.75 | OOM |' in speed
+  assert '| performer | 1.25x | OOM |' in memory
+  assert '| transformer | 2.00x | - |' in memory
+  # Without a ceiling row the report is as before.
+  assert 'ceiling' not in bench_report.markdown(rows[1:3])
+
+
+def test_ceiling_core_passes_real_values_through():
+  core = build(
+    {'name': 'none'},
+    num_heads=2,
+    head_dim=4,
+    max_length=8,
+    dropout_rate=0.1,
+    dtype=jnp.float32,
+    rngs=nnx.Rngs(0),
+  )
+  assert not jax.tree.leaves(nnx.state(core, nnx.Param))
+  q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 8, 2, 4))
+  pad = jnp.arange(8)[None] < jnp.array([3, 0])[:, None]
+  for causal in (False, True):
+    out, aux = core(q, k, v, Mask(pad, causal), rngs=jax.random.key(1))
+    assert aux == {}
+    np.testing.assert_array_equal(out[0], v[0])  # padded rows too: v
+    np.testing.assert_array_equal(out[1], 0.0)  # no visible key at all
+  late = jnp.arange(8)[None] >= jnp.array([2, 9])[:, None]  # real from 2
+  out, _ = core(q, k, v, Mask(late, True))
+  np.testing.assert_array_equal(out[0, :2], 0.0)  # sees no key yet
+  np.testing.assert_array_equal(out[0, 2:], v[0, 2:])
+  assert core_memory_bytes({'name': 'none'}, 4096) <= 4096 * 2 * 16 * 4
+
+
+def test_ceiling_flag_is_parsed(tmp_path):
+  proc = subprocess.run(
+    [
+      sys.executable,
+      'benchmark.py',
+      '--ceiling',
+      '--models',
+      'nope',
+      '--out',
+      tmp_path,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-500:]
+  assert proc.stderr.strip().startswith("error: Unknown model 'nope'")

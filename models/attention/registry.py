@@ -1,5 +1,6 @@
 """Attention registry: name -> core class. The one place names are resolved."""
 
+import importlib
 import inspect
 
 from lra.errors import UserError
@@ -18,9 +19,26 @@ def register(name):
   return wrap
 
 
+# The modules of this package that define cores; importing one registers it.
+CORE_MODULES = (
+  'softmax',
+  'local',
+  'sparse_transformer',
+  'longformer',
+  'bigbird',
+  'sinkhorn',
+  'synthesizer',
+  'linformer',
+  'linear_transformer',
+  'performer',
+  'reformer',
+  'none',
+)
+
+
 def _load_all():
-  # Importing a core module registers it. Add new cores here.
-  from models.attention import softmax  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
+  for name in CORE_MODULES:
+    importlib.import_module(f'models.attention.{name}')
 
 
 def known_cores():

@@ -1,0 +1,194 @@
+"""Sparse Transformer: strided / fixed / mixed patterns against the oracle."""
+
+import attention_oracle as oracle
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra.errors import UserError
+from models.attention.memory import core_memory_bytes
+import models.attention.sparse_transformer  # noqa: F401
+
+H, D = 4, 8
+STRIDE, SUMMARY = 8, 3
+
+
+def run(core, q, k, v, pad=None, causal=False, rngs=None):
+  """oracle.run, jitted (op-by-op dispatch is the slow part on CPU)."""
+  f = jax.jit(
+    lambda q, k, v, pad, key: core(q, k, v, oracle.Mask(pad, causal), rngs=key)[
+      0
+    ]
+  )
+  return np.asarray(f(q, k, v, pad, rngs), np.float64)
+
+
+def depends_on_future(core, q, k, v, t, pad=None):
+  """oracle.depends_on_future, jitted."""
+
+  def f(q, k, v):
+    return core(q, k, v, oracle.Mask(pad, True))[0][:, t].sum()
+
+  grads = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
+  return any(np.abs(np.asarray(g)[:, t + 1 :]).sum() > 0 for g in grads)
+
+
+def strided_pattern(length, stride):
+  i = np.arange(length)[:, None]
+  j = np.arange(length)[None, :]
+  return (np.abs(i - j) < stride) | ((i - j) % stride == 0)
+
+
+def fixed_pattern(length, stride, summary):
+  i = np.arange(length)[:, None]
+  j = np.arange(length)[None, :]
+  return (i // stride == j // stride) | (j % stride >= stride - summary)
+
+
+def pattern(name, length, heads=H, stride=STRIDE, summary=SUMMARY):
+  """bool[H, L, L], the issue's formulas written out densely."""
+  s = strided_pattern(length, stride)
+  f = fixed_pattern(length, stride, summary)
+  per_head = {
+    'strided': [s] * heads,
+    'fixed': [f] * heads,
+    'mixed': [s] * (heads // 2) + [f] * (heads - heads // 2),
+  }[name]
+  return np.stack(per_head)
+
+
+def make(name, stride=STRIDE, summary=SUMMARY, heads=H, **kw):
+  return oracle.make(
+    {
+      'name': 'sparse_transformer',
+      'pattern': name,
+      'stride': stride,
+      'summary': summary,
+    },
+    num_heads=heads,
+    head_dim=D,
+    **kw,
+  )
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed', 'mixed'])
+@pytest.mark.parametrize('length', [37, 64, 100])
+@pytest.mark.parametrize('causal', [False, True])
+def test_matches_dense_pattern(name, length, causal):
+  core = make(name)
+  q, k, v = oracle.qkv(seed=length, length=length, heads=H, dim=D)
+  pad = oracle.padding([length, length - 9], length)
+  out = run(core, q, k, v, pad, causal)
+  allowed = oracle.allowed_mask(pattern(name, length), pad, causal)
+  np.testing.assert_allclose(
+    out, oracle.dense_reference(q, k, v, allowed), atol=1e-5
+  )
+
+
+def test_patterns_are_sparse_and_differ():
+  """The test patterns are non-trivial: neither full nor equal."""
+  s, f = strided_pattern(64, STRIDE), fixed_pattern(64, STRIDE, SUMMARY)
+  assert 0.2 < s.mean() < 0.5 and 0.2 < f.mean() < 0.6
+  assert (s != f).any()
+
+
+def test_one_head_mixed_is_fixed():
+  length = 30
+  q, k, v = oracle.qkv(seed=2, length=length, heads=1, dim=D)
+  out = run(make('mixed', heads=1), q, k, v)
+  allowed = oracle.allowed_mask(pattern('fixed', length, heads=1))
+  np.testing.assert_allclose(
+    out, oracle.dense_reference(q, k, v, allowed), atol=1e-5
+  )
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed', 'mixed'])
+def test_stride_covering_sequence_is_softmax(name):
+  length = 37
+  q, k, v = oracle.qkv(seed=3, length=length, heads=H, dim=D)
+  pad = oracle.padding([length, 20], length)
+  exact = run(
+    oracle.make({'name': 'softmax'}, num_heads=H, head_dim=D), q, k, v, pad
+  )
+  out = run(make(name, stride=64, summary=8), q, k, v, pad)
+  np.testing.assert_allclose(out, exact, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed'])
+def test_causal_by_gradient(name):
+  length = 40
+  core = make(name)
+  q, k, v = oracle.qkv(seed=4, length=length, heads=H, dim=D)
+  pad = oracle.padding([length, 33], length)
+  assert not depends_on_future(core, q, k, v, 19, pad)
+
+
+def test_dropout_is_keyed():
+  core = make('mixed', dropout_rate=0.5)
+  q, k, v = oracle.qkv(seed=5, length=24, heads=H, dim=D)
+  f = jax.jit(lambda key: core(q, k, v, oracle.Mask(), rngs=key)[0])
+  a, b, c = (np.asarray(f(jax.random.key(s))) for s in (1, 1, 2))
+  plain = run(core, q, k, v)
+  assert np.abs(a - plain).max() > 1e-3
+  assert np.abs(a - c).max() > 1e-3
+  np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_no_quadratic_intermediate(name, causal):
+  """No array in the traced forward pass is anywhere near L x L."""
+  length = 1024
+  core = make(name, stride=32, summary=3, heads=1)
+  q = jax.ShapeDtypeStruct((1, length, 1, D), jnp.float32)
+  pad = jax.ShapeDtypeStruct((1, length), bool)
+  jaxpr = jax.make_jaxpr(
+    lambda q, k, v, pad: core(q, k, v, oracle.Mask(pad, causal))
+  )(q, q, q, pad)
+  sizes = [
+    np.prod(var.aval.shape)
+    for eqn in jaxpr.eqns
+    for var in eqn.outvars
+    if hasattr(var.aval, 'shape')
+  ]
+  assert max(sizes) <= length * length // 4, max(sizes)
+
+
+def test_bfloat16_output_dtype():
+  core = make('mixed', dtype=jnp.bfloat16)
+  q, k, v = (
+    t.astype(jnp.bfloat16)
+    for t in oracle.qkv(seed=6, length=20, heads=H, dim=D)
+  )
+  out = jax.jit(lambda q, k, v, pad: core(q, k, v, oracle.Mask(pad))[0])(
+    q, k, v, oracle.padding([20, 3], 20)
+  )
+  assert out.dtype == jnp.bfloat16
+  assert np.isfinite(np.asarray(out, np.float32)).all()
+
+
+@pytest.mark.parametrize(
+  'opts, word',
+  [
+    ({'pattern': 'dilated'}, 'pattern'),
+    ({'stride': 0}, 'stride'),
+    ({'stride': 8, 'summary': 9}, 'summary'),
+    ({'summary': -1}, 'summary'),
+  ],
+)
+def test_bad_options_are_user_errors(opts, word):
+  with pytest.raises(UserError, match=word):
+    oracle.make({'name': 'sparse_transformer', **opts})
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed'])
+def test_memory_grows_as_l_sqrt_l(name):
+  """Stride sqrt(L): about 8x from 1K to 4K (softmax's logits give 16x)."""
+  small = core_memory_bytes(
+    {'name': 'sparse_transformer', 'pattern': name, 'stride': 32}, 1024
+  )
+  large = core_memory_bytes(
+    {'name': 'sparse_transformer', 'pattern': name, 'stride': 64}, 4096
+  )
+  assert large / small <= 8, (small, large)
