@@ -79,6 +79,12 @@ def get_base_config():
   m.positions = 'sinusoidal'
   # Attention core: registry name + its options (models/attention/registry.py).
   m.attention = ml_collections.ConfigDict({'name': 'softmax'})
+  # Reversible residual blocks (Reformer; models/reversible.py): activations
+  # rebuilt in the backward pass, so memory does not grow with the depth.
+  m.reversible = False
+  # Feed-forward applied to the sequence in this many chunks along the length
+  # (less memory, same result).
+  m.ffn_chunks = 1
   return c
 
 

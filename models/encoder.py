@@ -1,12 +1,18 @@
-"""Encoder: embeddings, optional CLS token, blocks, final LayerNorm."""
+"""Encoder: embeddings, optional CLS token, blocks, final LayerNorm.
+
+With model.reversible the blocks run as reversible residual pairs
+(models/reversible.py): activation memory independent of the depth.
+"""
 
 from flax import nnx
 import jax.numpy as jnp
 
+from lra.errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout
 from models.embeddings import Embedder
 from models.layers import TransformerBlock, split_key
+from models.reversible import reversible_blocks
 
 
 class Encoder(nnx.Module):
@@ -30,6 +36,13 @@ class Encoder(nnx.Module):
         for i in range(cfg.num_layers)
       ]
     )
+    # Reversible residual blocks (models/reversible.py): the input is
+    # duplicated into two streams and the output is their mean.
+    self.reversible = getattr(cfg, 'reversible', False)
+    if not isinstance(self.reversible, bool):
+      raise UserError(
+        f'model.reversible must be True or False, got {self.reversible!r}.'
+      )
     self.ln_final = nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)
     self.pad_id = pad_id
     self.dropout_rate = cfg.dropout_rate
@@ -51,8 +64,11 @@ class Encoder(nnx.Module):
     keys = split_key(key, len(self.blocks) + 1)
     x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
     mask = Mask(padding_BxL, causal=False)
-    aux_loss = jnp.zeros((), jnp.float32)
-    for block, k in zip(self.blocks, keys):
-      x_BxLxE, aux = block(x_BxLxE, mask, key=k)
-      aux_loss = aux_loss + aux.get('loss', 0.0)
+    if self.reversible:
+      x_BxLxE, aux_loss = reversible_blocks(self.blocks, x_BxLxE, mask, keys)
+    else:
+      aux_loss = jnp.zeros((), jnp.float32)
+      for block, k in zip(self.blocks, keys):
+        x_BxLxE, aux = block(x_BxLxE, mask, key=k)
+        aux_loss = aux_loss + aux.get('loss', 0.0)
     return self.ln_final(x_BxLxE), padding_BxL, {'aux_loss': aux_loss}

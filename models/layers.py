@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from models.attention import Mask, build
-from models.attention.base import dropout
+from models.attention.base import dropout, pad_to_multiple
 
 
 def split_key(key, n):
@@ -97,13 +97,71 @@ class TransformerBlock(nnx.Module):
       e, cfg.mlp_dim, dropout_rate=cfg.dropout_rate, dtype=dtype, rngs=rngs
     )
     self.dropout_rate = cfg.dropout_rate
+    self.ffn_chunks = checked_ffn_chunks(cfg)
 
   def __call__(self, x_BxLxE, mask: Mask, *, key=None):
     k_attn, k_drop, k_mlp = split_key(key, 3)
-    h_BxLxE, aux = self.attn(self.ln_attn(x_BxLxE), mask, key=k_attn)
-    x_BxLxE = x_BxLxE + dropout(h_BxLxE, self.dropout_rate, k_drop)
-    x_BxLxE = x_BxLxE + self.mlp(self.ln_mlp(x_BxLxE), key=k_mlp)
+    h_BxLxE, aux = self.attention_branch(
+      x_BxLxE, mask, key=k_attn, dropout_key=k_drop
+    )
+    x_BxLxE = x_BxLxE + h_BxLxE
+    x_BxLxE = x_BxLxE + self.mlp_branch(x_BxLxE, key=k_mlp)
     return x_BxLxE, aux
+
+  def attention_branch(self, x_BxLxE, mask, *, key=None, dropout_key=None):
+    """dropout(attn(LN(x))) and the core's aux: the first residual branch.
+
+    key: the attention core's call-time key; dropout_key: the residual
+    dropout's (None: deterministic).
+    """
+    h_BxLxE, aux = self.attn(self.ln_attn(x_BxLxE), mask, key=key)
+    return dropout(h_BxLxE, self.dropout_rate, dropout_key), aux
+
+  def mlp_branch(self, x_BxLxE, *, key=None):
+    """mlp(LN(x)): the second residual branch, in ffn_chunks along L.
+
+    With n > 1 chunks the length is padded to a multiple of n and a
+    `jax.lax.scan` runs one rematerialised chunk at a time, so only one
+    chunk's hidden activations [B, L/n, mlp_dim] are alive at once, in the
+    forward and in the backward pass (at the price of recomputing them).
+    LayerNorm and MLP act per token, so the result is the same as n = 1;
+    dropout draws from one key per chunk (split from `key`): the same
+    distribution, other masks.
+    """
+    n = self.ffn_chunks
+    if n == 1:
+      return self.mlp(self.ln_mlp(x_BxLxE), key=key)
+    b, length, e = x_BxLxE.shape
+    x_BxPxE = pad_to_multiple(x_BxLxE, n, axis=1)
+    c = x_BxPxE.shape[1] // n
+    x_NxBxCxE = x_BxPxE.reshape(b, n, c, e).transpose(1, 0, 2, 3)
+    keys = None if key is None else jax.random.split(key, n)
+    graphdef, state = nnx.split((self.ln_mlp, self.mlp))
+
+    @jax.checkpoint
+    def chunk(state, x_BxCxE, k):
+      ln, mlp = nnx.merge(graphdef, state)
+      return mlp(ln(x_BxCxE), key=k)
+
+    def body(carry, xs):
+      return carry, chunk(state, *xs)
+
+    _, out_NxBxCxE = jax.lax.scan(body, None, (x_NxBxCxE, keys))
+    out_BxPxE = out_NxBxCxE.transpose(1, 0, 2, 3).reshape(b, n * c, e)
+    return out_BxPxE[:, :length]
+
+
+def checked_ffn_chunks(cfg):
+  """cfg.ffn_chunks, checked (1 when the config predates the option)."""
+  n = getattr(cfg, 'ffn_chunks', 1)
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+    raise UserError(
+      f'model.ffn_chunks must be a positive integer, got {n!r}; use 1 for '
+      'no chunking.'
+    )
+  return n
 
 
 def as_dtype(name):
