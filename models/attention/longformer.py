@@ -128,16 +128,17 @@ class LongformerAttention(AttentionCore):
     self.scale = head_dim**-0.5
     self.dtype = dtype
     if global_projections and global_tokens > 0:
-      eye_HxDxD = jnp.broadcast_to(
-        jnp.eye(head_dim, dtype=jnp.float32), (num_heads, head_dim, head_dim)
+      # A fresh array per parameter: shared buffers cannot be donated.
+      eye = lambda: nnx.Param(  # noqa: E731
+        jnp.tile(jnp.eye(head_dim, dtype=jnp.float32), (num_heads, 1, 1))
       )
-      zero_HxD = jnp.zeros((num_heads, head_dim), jnp.float32)
-      self.global_q_HxDxD = nnx.Param(eye_HxDxD)
-      self.global_k_HxDxD = nnx.Param(eye_HxDxD)
-      self.global_v_HxDxD = nnx.Param(eye_HxDxD)
-      self.global_q_bias_HxD = nnx.Param(zero_HxD)
-      self.global_k_bias_HxD = nnx.Param(zero_HxD)
-      self.global_v_bias_HxD = nnx.Param(zero_HxD)
+      zero = lambda: nnx.Param(jnp.zeros((num_heads, head_dim), jnp.float32))  # noqa: E731
+      self.global_q_HxDxD = eye()
+      self.global_k_HxDxD = eye()
+      self.global_v_HxDxD = eye()
+      self.global_q_bias_HxD = zero()
+      self.global_k_bias_HxD = zero()
+      self.global_v_bias_HxD = zero()
 
   def __call__(
     self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, *, rngs=None, memory=None
