@@ -82,10 +82,13 @@ def full_pattern(length, m=None):
   return np.ones((length, length if m is None else m), bool)
 
 
-def run(core, q, k, v, pad=None, causal=False, **kw):
-  """core(...)[0] as numpy."""
-  out, _ = core(q, k, v, Mask(pad, causal), **kw)
-  return np.asarray(out, np.float64)
+def run(core, q, k, v, pad=None, causal=False, rngs=None):
+  """core(...)[0] as float64 numpy, jitted (op-by-op dispatch is the slow
+  part on CPU). Traced afresh each call: parameters set by a test count."""
+  f = jax.jit(
+    lambda q, k, v, pad, key: core(q, k, v, Mask(pad, causal), rngs=key)[0]
+  )
+  return np.asarray(f(q, k, v, pad, rngs), np.float64)
 
 
 def depends_on_future(core, q, k, v, t, pad=None):
@@ -94,5 +97,5 @@ def depends_on_future(core, q, k, v, t, pad=None):
   def f(q, k, v):
     return core(q, k, v, Mask(pad, True))[0][:, t].sum()
 
-  grads = jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+  grads = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
   return any(np.abs(np.asarray(g)[:, t + 1 :]).sum() > 0 for g in grads)

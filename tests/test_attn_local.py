@@ -13,24 +13,8 @@ from models.attention.memory import core_memory_bytes
 H, D = 2, 8
 
 
-def run(core, q, k, v, pad=None, causal=False, rngs=None):
-  """oracle.run, jitted (op-by-op dispatch is the slow part on CPU)."""
-  f = jax.jit(
-    lambda q, k, v, pad, key: core(q, k, v, oracle.Mask(pad, causal), rngs=key)[
-      0
-    ]
-  )
-  return np.asarray(f(q, k, v, pad, rngs), np.float64)
-
-
-def depends_on_future(core, q, k, v, t, pad=None):
-  """oracle.depends_on_future, jitted."""
-
-  def f(q, k, v):
-    return core(q, k, v, oracle.Mask(pad, True))[0][:, t].sum()
-
-  grads = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
-  return any(np.abs(np.asarray(g)[:, t + 1 :]).sum() > 0 for g in grads)
+run = oracle.run
+depends_on_future = oracle.depends_on_future
 
 
 def block_pattern(length, b):

@@ -93,13 +93,19 @@ def attend(
     )
     * scale
   )
-  logits_XxCxK = jnp.where(allowed_XxCxK, logits_XxCxK, -1e30)
-  weights_XxCxK = jax.nn.softmax(logits_XxCxK, axis=-1)
-  weights_XxCxK = jnp.where(allowed_XxCxK, weights_XxCxK, 0.0)
-  weights_XxCxK = dropout(weights_XxCxK, rate, key)
+  weights_XxCxK = masked_softmax(logits_XxCxK, allowed_XxCxK, rate, key)
   return jnp.einsum(
     '...ck,...kd->...cd', weights_XxCxK.astype(v_XxKxD.dtype), v_XxKxD
   )
+
+
+def masked_softmax(logits, allowed, rate=0.0, key=None):
+  """softmax over the last axis of float32 logits where `allowed`, then
+  dropout; a row with nothing allowed gets zero weights (not a uniform
+  average, never NaN). The one masked softmax of the efficient cores."""
+  logits = jnp.where(allowed, logits, -1e30)
+  weights = jnp.where(allowed, jax.nn.softmax(logits, axis=-1), 0.0)
+  return dropout(weights, rate, key)
 
 
 def pad_to_multiple(x, multiple, axis=1, value=0):

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from lra.errors import UserError
-from models.attention.base import AttentionCore, dropout
+from models.attention.base import AttentionCore, masked_softmax
 from models.attention.local import (
   check_self_attention,
   from_blocks,
@@ -65,10 +65,10 @@ PATTERNS = ('strided', 'fixed', 'mixed')
 def joint_weights(logit_parts, allowed_parts, *, rate, key):
   """One masked softmax over several gathered logit sets (last axis).
 
-  The same kernel as base.attend, for keys gathered in differently shaped
-  groups: logits (float32) and allowed masks are concatenated along the key
-  axis, normalised together (a row with no visible key gets zeros, never
-  NaN) and split back. Returns the weight parts in float32.
+  base.masked_softmax (base.attend's kernel) for keys gathered in
+  differently shaped groups: logits (float32) and allowed masks are
+  concatenated along the key axis, normalised together (a row with no
+  visible key gets zeros, never NaN) and split back. Returns float32 weights.
   """
   shape = jnp.broadcast_shapes(*(p.shape[:-1] for p in logit_parts))
   widths = [p.shape[-1] for p in logit_parts]
@@ -80,10 +80,7 @@ def joint_weights(logit_parts, allowed_parts, *, rate, key):
     ],
     axis=-1,
   )
-  logits = jnp.where(allowed, logits, -1e30)
-  weights = jax.nn.softmax(logits, axis=-1)
-  weights = jnp.where(allowed, weights, 0.0)
-  weights = dropout(weights, rate, key)
+  weights = masked_softmax(logits, allowed, rate, key)
   splits = [sum(widths[: i + 1]) for i in range(len(widths) - 1)]
   return jnp.split(weights, splits, axis=-1)
 

@@ -44,6 +44,16 @@ Differences from the paper and the reference harness:
     layer across heads).
   - Padding is honoured in every mode, and an input longer than max_length is
     refused with a clear error.
+  - random and factorized_random without mix_dot_product (the LRA
+    setting): the logits do not depend on the example, so the softmax's
+    exponentials are computed once per batch, with each example's padding
+    applied in the numerator and the normaliser: memory O(H L M + B L H D)
+    instead of O(B H L M), and no q.k work at all (the reference got its
+    0.74x memory this way by ignoring padding). The row maximum is taken
+    over all keys, so a row whose visible keys all lie more than about 87
+    below its best logit (float32 exp underflow) would return zeros; the
+    learned logits are nowhere near that. Attention dropout there uses one
+    mask for the whole batch (the weights themselves are shared).
 Attention dropout acts on the weights, as in softmax attention.
 """
 
@@ -52,7 +62,12 @@ import jax
 import jax.numpy as jnp
 
 from lra.errors import UserError
-from models.attention.base import AttentionCore, dropout
+from models.attention.base import (
+  AttentionCore,
+  dropout,
+  key_valid_BxM,
+  masked_softmax,
+)
 from models.attention.registry import register
 from models.attention.softmax import dense_allowed
 
@@ -131,6 +146,8 @@ class SynthesizerAttention(AttentionCore):
         f'max_length {self.max_length}; raise --config.max_length.'
       )
     logits_BxHxLxM = self.synthetic_logits(q_BxLxHxD, m)
+    if self.mode != 'dense' and not self.mix_dot_product:
+      return self._shared_logits(logits_BxHxLxM[0], v_BxMxHxD, mask, rngs), {}
     if self.mix_dot_product:
       logits_BxHxLxM = logits_BxHxLxM + self.scale * jnp.einsum(
         'blhd,bmhd->bhlm',
@@ -139,17 +156,47 @@ class SynthesizerAttention(AttentionCore):
         preferred_element_type=jnp.float32,
       )
     allowed = dense_allowed(mask, length, m)
-    if allowed is not None:
-      logits_BxHxLxM = jnp.where(allowed, logits_BxHxLxM, -1e30)
-    weights_BxHxLxM = jax.nn.softmax(logits_BxHxLxM, axis=-1)
-    if allowed is not None:
-      # Rows with no visible key get zeros, not a uniform average.
-      weights_BxHxLxM = jnp.where(allowed, weights_BxHxLxM, 0.0)
-    weights_BxHxLxM = dropout(weights_BxHxLxM, self.dropout_rate, rngs)
+    weights_BxHxLxM = masked_softmax(
+      logits_BxHxLxM,
+      True if allowed is None else allowed,
+      self.dropout_rate,
+      rngs,
+    )
     out_BxLxHxD = jnp.einsum(
       'bhlm,bmhd->blhd', weights_BxHxLxM.astype(v_BxMxHxD.dtype), v_BxMxHxD
     )
     return out_BxLxHxD.astype(self.dtype), {}
+
+  def _shared_logits(self, logits_HxLxM, v_BxMxHxD, mask, key):
+    """Random modes alone: the logits are the same for every example, so
+    the exponentials are computed once for the batch and an example's
+    padding enters as a mask of its keys in the numerator and the
+    normaliser. No [B, H, L, M] array: O(H L M + B L H D) memory."""
+    b, m = v_BxMxHxD.shape[0], v_BxMxHxD.shape[1]
+    if mask.causal:
+      logits_HxLxM = jnp.where(
+        jnp.tril(jnp.ones(logits_HxLxM.shape[1:], bool)), logits_HxLxM, -1e30
+      )
+    top_HxLx1 = jax.lax.stop_gradient(
+      jnp.max(logits_HxLxM, axis=-1, keepdims=True)
+    )
+    exp_HxLxM = jnp.exp(logits_HxLxM - top_HxLx1)
+    valid_BxM = key_valid_BxM(mask, b, m).astype(jnp.float32)
+    norm_BxLxH = jnp.einsum('hlm,bm->blh', exp_HxLxM, valid_BxM)
+    # Dropping normalised weights = dropping numerator terms (one mask for
+    # the batch: the weights are shared).
+    kept_HxLxM = dropout(exp_HxLxM, self.dropout_rate, key)
+    num_BxLxHxD = jnp.einsum(
+      'hlm,bmhd->blhd',
+      kept_HxLxM.astype(v_BxMxHxD.dtype),
+      v_BxMxHxD * valid_BxM[:, :, None, None].astype(v_BxMxHxD.dtype),
+      preferred_element_type=jnp.float32,
+    )
+    safe_BxLxH = jnp.where(norm_BxLxH > 0, norm_BxLxH, 1.0)
+    out_BxLxHxD = jnp.where(
+      (norm_BxLxH > 0)[..., None], num_BxLxHxD / safe_BxLxH[..., None], 0.0
+    )
+    return out_BxLxHxD.astype(self.dtype)
 
   def synthetic_logits(self, q_BxLxHxD, m):
     """S, float32 [B|1, H, L, M], sliced from the max_length tables."""
