@@ -188,11 +188,19 @@ def plot(rows, value, ylabel, path):
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for m in dict.fromkeys(r['model'] for r in rows):
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  colors = plt.get_cmap('tab20').colors
+  markers = 'osD^vP*Xh<>p'
+  for i, m in enumerate(dict.fromkeys(r['model'] for r in rows)):
     ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
-    if ok:
-      ax.plot([r['length'] for r in ok], [value(r) for r in ok], 'o-', label=m)
+    if not ok:
+      continue
+    style = dict(
+      color=colors[(2 * i) % 20 + (2 * i) // 20], marker=markers[i % 12]
+    )
+    if m == CEILING or m.startswith('transformer'):  # the reference lines
+      style = dict(color='0.2' if m != CEILING else '0.6', marker='o', ls='--')
+    ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
   lengths = sorted({r['length'] for r in rows})
   ax.set_xscale('log', base=2)
   ax.set_yscale('log')
@@ -204,7 +212,7 @@ def plot(rows, value, ylabel, path):
   ax.set_ylabel(ylabel)
   ax.grid(True, alpha=0.3)
   if ax.lines:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.0, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
