@@ -198,8 +198,10 @@ def plot(rows, value, ylabel, path):
     style = dict(
       color=colors[(2 * i) % 20 + (2 * i) // 20], marker=markers[i % 12]
     )
-    if m == CEILING or m.startswith('transformer'):  # the reference lines
-      style = dict(color='0.2' if m != CEILING else '0.6', marker='o', ls='--')
+    reference = {CEILING: ('0.6', ':'), 'transformer': ('0.1', '-')}
+    if m in reference or m.startswith('transformer'):  # reference lines
+      color, ls = reference.get(m, ('0.1', '--'))
+      style = dict(color=color, marker='o', ls=ls)
     ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
   lengths = sorted({r['length'] for r in rows})
   ax.set_xscale('log', base=2)
