@@ -52,7 +52,7 @@ import numpy as np
 
 from configs import base as base_config
 from configs import models as model_configs
-from lra import runtime, steps, tasks
+from lra import runtime, steps, tasks, validate
 from lra.bench_report import CEILING, write_report
 from lra.errors import UserError
 from lra.metrics import write_json
@@ -169,7 +169,40 @@ def select_models(spec):
     raise UserError(
       f'Unknown model {bad[0]!r} in --models; known: {", ".join(known)}.'
     )
-  return [n for n in dict.fromkeys(names) if n not in drop]
+  names = [n for n in dict.fromkeys(names) if n not in drop]
+  if not names:
+    raise UserError(
+      f'--models {spec!r} leaves no model to measure; name at least one, '
+      'e.g. --models transformer.'
+    )
+  return names
+
+
+def parse_lengths(spec):
+  """'1024,2048' -> [1024, 2048]; each length a positive integer."""
+  try:
+    lengths = [int(s) for s in spec.split(',') if s.strip()]
+  except ValueError:
+    lengths = None
+  if not lengths or min(lengths) < 1:
+    raise UserError(
+      f'--lengths {spec!r} is not a list of positive integers; '
+      'write e.g. --lengths 1024,2048.'
+    )
+  return lengths
+
+
+def check_counts(batch_size, num_steps, warmup):
+  for flag, value, lowest in (
+    ('--batch_size', batch_size, 1),
+    ('--steps', num_steps, 1),
+    ('--warmup', warmup, 0),
+  ):
+    if value < lowest:
+      raise UserError(
+        f'{flag}={value} is out of range: it must be an integer >= '
+        f'{lowest}, e.g. {flag}={max(lowest, 2)}.'
+      )
 
 
 # -------------------------------------------------------------- measure
@@ -415,15 +448,12 @@ def main(argv):
     def pick(name):
       return PRESETS[preset][name] if f[name].value is None else f[name].value
 
-    try:
-      lengths = [int(s) for s in f.lengths.split(',') if s.strip()]
-    except ValueError:
-      raise UserError(
-        f'--lengths {f.lengths!r} is not a list of integers; '
-        'write e.g. --lengths 1024,2048.'
-      ) from None
+    lengths = parse_lengths(f.lengths)
+    model_names = select_models(f.models)
+    check_counts(pick('batch_size'), pick('steps'), pick('warmup'))
+    validate.check_dir(f.out, '--out')
     run_benchmark(
-      select_models(f.models),
+      model_names,
       lengths,
       f.out,
       preset=preset,

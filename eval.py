@@ -2,7 +2,8 @@ r"""Evaluates a checkpoint, or prints the LRA accuracy table of many runs.
 
 python eval.py --workdir DIR [--split test] [--step N | --which latest]
     restores the best checkpoint (default), the latest, or step N, evaluates
-    a split and writes DIR/eval_<split>.json.
+    a split and writes DIR/eval_<split>_best.json, eval_<split>_latest.json
+    or eval_<split>_step<N>.json (one file per checkpoint evaluated).
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
     beside the paper's numbers.
@@ -18,8 +19,8 @@ import sys
 from absl import app, flags
 import ml_collections
 
-from lra import cli, runtime, steps, tasks
-from lra.checkpoints import Checkpoints
+from lra import cli, runtime, steps, tasks, validate
+from lra.checkpoints import CheckpointError, Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
 from lra.report import accuracy_table, bubble_chart
@@ -54,10 +55,21 @@ def load_config(workdir):
       f'{path} does not exist; give the --workdir of a run started by train.py.'
     )
   with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    saved = json.load(f)
+  saved.pop(runtime.CHANGES_KEY, None)
+  config = ml_collections.ConfigDict(saved)
   if _DATA_DIR.value:
+    validate.check_dir(_DATA_DIR.value, '--data_dir', writable=False)
     config.data_dir = _DATA_DIR.value
   return config
+
+
+def output_name(split, which, step, step_given):
+  """eval_<split>_best.json, eval_<split>_latest.json or
+  eval_<split>_step<N>.json: one file per thing evaluated."""
+  if step_given:
+    return f'eval_{split}_step{step}.json'
+  return f'eval_{split}_{which}.json'
 
 
 def evaluate_checkpoint(workdir, split, step=None, which='best'):
@@ -65,6 +77,7 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = train.create_state(config, task, replicated)
+  step_given = step is not None
   ckpt = Checkpoints(workdir)
   # A step is looked up in both sets (the best step may be gone from latest).
   which = (
@@ -80,7 +93,13 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
       f'No such checkpoint in {workdir}/checkpoints; saved steps: '
       f'latest {ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}.'
     )
-  state, _ = ckpt.restore(which, step, state)
+  try:
+    state, _ = ckpt.restore(which, step, state)
+  except CheckpointError as e:
+    raise UserError(
+      f'{e.what}; evaluate another saved one with --step N (latest '
+      f'{ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}).'
+    ) from None
   data = runtime.load_data(config, task)
   result = runtime.evaluate(
     steps.make_eval_step(graphdef),
@@ -91,7 +110,8 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
     desc=split,
   )
   result.update(step=step, split=split, checkpoint=which)
-  write_json(os.path.join(workdir, f'eval_{split}.json'), result)
+  result['file'] = output_name(split, which, step, step_given)
+  write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
   return result
 
@@ -115,7 +135,7 @@ def main(argv):
       print(
         f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
         f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
-        'examples'
+        f'examples; wrote {os.path.join(_WORKDIR.value, r["file"])}'
       )
     else:
       raise UserError(

@@ -8,6 +8,13 @@ The same command with the same workdir resumes from the latest checkpoint and
 ends with the same results as an uninterrupted run. Writes config.json,
 metrics.jsonl, checkpoints/{latest,best}/ and results.json (test measured on the
 best-on-validation checkpoint).
+
+Bad input (config values, paths, data) stops with one `error:` sentence and
+exit status 2 before the workdir is created. An unreadable checkpoint is
+moved to checkpoints/unreadable/ with a warning and the run resumes from the
+newest readable one. After a non-finite loss (or parameters), run the same
+command with a lower --config.learning_rate or a --config.grad_clip_norm: it
+resumes from the last good checkpoint and records the change (configs/base.py).
 """
 
 import json
@@ -24,8 +31,8 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, cli, runtime, steps, tasks
-from lra.checkpoints import Checkpoints
+from lra import batching, cli, runtime, steps, tasks, validate
+from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
 from lra.metrics import MetricsLog, write_json
 from models.classifier import build_model
@@ -45,25 +52,98 @@ def create_state(config, task, replicated):
 
 
 # ----------------------------------------------------------------- loop
+def warn(message):
+  print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
+def resume_state(ckpt, state):
+  """(step, state, best) from the newest readable checkpoint: a corrupt or
+  partial save is moved to checkpoints/unreadable/ with a warning and the
+  next older one (latest, then best) is tried; (0, state, no best) when none
+  is readable. The best checkpoint is checked too (the test runs on it): if
+  it is unreadable the best is chosen again from the evaluations to come."""
+  no_best = {'step': None, 'accuracy': -1.0, 'val': None}
+  candidates = sorted(
+    [(s, w) for w in ('latest', 'best') for s in ckpt.all_steps(w)],
+    key=lambda c: (c[0], c[1] == 'latest'),
+    reverse=True,
+  )
+  for step, which in candidates:
+    try:
+      restored, meta = ckpt.restore(which, step, state)
+    except CheckpointError as e:
+      moved = ckpt.set_aside(which, step)
+      warn(f'{e.what}; skipped it (moved to {moved}).')
+      continue
+    best = meta['best']
+    if not (which == 'best' and best['step'] == step):
+      best = check_best(ckpt, state, best, no_best, step)
+    if candidates[0] != (step, which):
+      warn(f'resuming from the {which} checkpoint at step {step} instead.')
+    return step, restored, best
+  if candidates:
+    warn('no checkpoint was readable; training starts again from step 0.')
+  return 0, state, no_best
+
+
+def check_best(ckpt, state, best, no_best, start):
+  """`best`, or `no_best` with a warning when its checkpoint is unreadable
+  or gone."""
+  saved = ckpt.all_steps('best')
+  if best['step'] is None or any(s > start for s in saved):
+    # A later best exists (saved before a kill or a skipped checkpoint):
+    # the steps to come reproduce it exactly.
+    return best
+  if best['step'] in saved:
+    try:
+      ckpt.restore('best', best['step'], state)
+      return best
+    except CheckpointError as e:
+      moved = ckpt.set_aside('best', best['step'])
+      warn(f'{e.what}; moved it to {moved}.')
+  warn(
+    f'the best checkpoint (step {best["step"]}) is gone; the best is chosen '
+    'again from the next evaluations.'
+  )
+  return no_best
+
+
 def train_and_evaluate(config, workdir, stop_after=None):
+  # Everything the user can get wrong is checked before the workdir exists.
+  validate.check_config(config)
+  validate.check_dir(workdir, '--workdir')
+  if config.data_dir:
+    validate.check_dir(config.data_dir, '--config.data_dir', writable=False)
+  else:
+    validate.check_dir(tasks.default_data_dir(), 'LRA_DATA_DIR', False)
   task = tasks.get_task(config.task)
-  runtime.check_batch(config.batch_size)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
-  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
-  runtime.check_config(config, workdir, resuming=ckpt.latest_step() is not None)
+  changes = runtime.check_resume(config, workdir)
   data = runtime.load_data(config, task)
   train_step = steps.make_train_step(graphdef)
   eval_step = steps.make_eval_step(graphdef)
 
   # ---- restore
+  resuming = any(saved_steps(workdir).values())
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
   start, best = 0, {'step': None, 'accuracy': -1.0, 'val': None}
-  if ckpt.latest_step() is not None:
-    start = ckpt.latest_step()
-    state, meta = ckpt.restore('latest', start, state)
-    best = meta['best']
+  if resuming:
+    start, state, best = resume_state(ckpt, state)
+  resuming = resuming and start > 0
+  changes = changes if resuming else {}
+  runtime.write_config(config, workdir, resuming, changes, start)
+  if start:
     print(f'Resuming {workdir} from step {start}.')
   log = MetricsLog(workdir, resume_step=start if start else None)
+  if changes:
+    log.write(start, 'config', changes={k: list(v) for k, v in changes.items()})
+    print(
+      'Resuming with changed optimiser settings: '
+      + ', '.join(f'{k} {a} -> {b}' for k, (a, b) in changes.items())
+      + ' (recorded in config.json).'
+    )
   if start >= config.num_train_steps and os.path.exists(
     os.path.join(workdir, 'results.json')
   ):
@@ -88,7 +168,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
     pending = []
     for s, m in rows:
       if not np.isfinite(m['loss']):
-        raise NonFiniteLoss(s)
+        raise NonFiniteLoss(s, 'the loss is not finite')
+      if not m['params_finite']:
+        raise NonFiniteLoss(s, 'the parameters diverged (their norm overflows)')
     if rows:
       rate = (step - tick_step) / max(time.time() - tick, 1e-9)
       tick, tick_step = time.time(), step
@@ -182,18 +264,29 @@ def train_and_evaluate(config, workdir, stop_after=None):
   except NonFiniteLoss as e:
     bar.close()
     kept = (
-      f'the last good checkpoint is step {last_good} in {workdir}/checkpoints'
+      f'the last good checkpoint is step {last_good} in {workdir}/checkpoints;'
+      ' run the same command with a lower --config.learning_rate (e.g. '
+      f'{config.learning_rate / 10:g}) or --config.grad_clip_norm=1 to '
+      'resume from it'
       if last_good
-      else 'no checkpoint had been saved yet'
+      else 'no checkpoint had been saved yet; run the same command with a '
+      f'lower --config.learning_rate (e.g. {config.learning_rate / 10:g}) '
+      'or --config.grad_clip_norm=1 to start again'
     )
     raise UserError(
-      f'Training stopped: the loss is not finite at step {e.args[0]}; {kept} '
-      '(lower --config.learning_rate or set --config.grad_clip_norm).'
+      f'Training stopped: {e.args[1]} at step {e.args[0]}; {kept}.'
     ) from None
   finally:
     if main_thread:
       signal.signal(signal.SIGINT, previous_handler)
   bar.close()
+
+  if best['step'] is None:  # its checkpoint was unreadable; take the last
+    val = runtime.evaluate(
+      eval_step, state, data['val'], config, batch_sharding, desc='val'
+    )
+    best = {'step': last_good, 'accuracy': val['accuracy'], 'val': val}
+    ckpt.save('best', last_good, state, {'step': last_good, 'best': best})
 
   # ---- test on the best-on-validation checkpoint
   best_state, _ = ckpt.restore('best', best['step'], state)

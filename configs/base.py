@@ -1,7 +1,22 @@
 """Defaults shared by every task. Task files override; the result is locked.
 
 Values are the reference harness's (google-research/long-range-arena) where it
-had one; see ../shared/reference/lra_configs.md for their sources.
+had one; lra/reference/lra_configs.md lists them per task, with the
+reference's known defects.
+
+train.py checks every field before it creates anything (lra/validate.py):
+counts and intervals >= 1, rates in range, model.num_heads dividing
+model.qkv_dim, max_length >= 1 (at most the pixels of an image for the
+pixel tasks); a bad value stops with one sentence naming the flag and a
+valid value.
+Resuming a workdir keeps its config, except the run-length and bookkeeping
+fields (lra.runtime.RESUMABLE_CHANGES) and the optimiser settings
+(learning_rate, schedule, warmup_steps, weight_decay, adam_*,
+grad_clip_norm; lra.runtime.OPTIMISER_CHANGES), which may change from the
+resumed step on: the change is recorded in config.json ('resume_changes')
+and metrics.jsonl (a row of split 'config'). This is how the advice after a
+non-finite loss is followed: the same command with a lower learning rate or
+with clipping resumes from the last good checkpoint.
 """
 
 import ml_collections

@@ -29,7 +29,7 @@ MODELS = {
 }
 
 # (task, model) -> flattened overrides, the reference harness's per-model
-# tuning (../shared/reference/lra_configs.md). Applied after the task's
+# tuning (lra/reference/lra_configs.md). Applied after the task's
 # reference values, before presets.
 TASK_OVERRIDES = {}
 

@@ -2,31 +2,132 @@
 
 <workdir>/checkpoints/latest/<step>/  the last `keep` saves (for resuming)
 <workdir>/checkpoints/best/<step>/    the best on validation accuracy (one)
+<workdir>/checkpoints/records/        each save's file sizes (written after
+                                      it), checked before it is read
+<workdir>/checkpoints/unreadable/     saves found corrupt, moved aside (kept
+                                      for inspection, never read again)
 Each save holds the train state (params + optimizer, an nnx.State) and a JSON
 `meta` item (step, best-so-far, validation metrics).
+
+A save that cannot be read back (a truncated or missing file, a killed
+copy) raises CheckpointError, one sentence; train.py then resumes from the
+newest readable save with a warning naming what it skipped.
 """
 
+import json
 import os
+import shutil
 
 import jax
 import orbax.checkpoint as ocp
 
+from lra.errors import UserError
+
+WHICH = ('latest', 'best')
+
+
+class CheckpointError(UserError):
+  """A checkpoint exists but cannot be read; `what` names it and the
+  reason, without advice (callers add theirs)."""
+
+  def __init__(self, what):
+    super().__init__(f'{what}; move it away or use another one.')
+    self.what = what
+
+
+def _reason(e):
+  """The first line of an orbax/tensorstore error, shortened."""
+  text = str(e).strip().splitlines()
+  text = text[0] if text else ''
+  if 'TensorStore' in text or 'OUT_OF_RANGE' in text:
+    return 'an array file is truncated or damaged'
+  text = f'{type(e).__name__}: {text}' if text else type(e).__name__
+  return text if len(text) <= 160 else text[:157] + '...'
+
+
+def _file_sizes(step_dir):
+  out = {}
+  for folder, _, names in os.walk(step_dir):
+    for name in names:
+      path = os.path.join(folder, name)
+      out[os.path.relpath(path, step_dir)] = os.path.getsize(path)
+  return out
+
+
+def _problem(step_dir, record_path):
+  """Why a save is incomplete ('x is missing', 'x is truncated'), or None.
+  Checked before orbax reads it: a missing or truncated file makes orbax's
+  worker threads print tracebacks even when its error is caught. The record
+  (every file's size, written after the save) exists for saves made by this
+  version; older saves get the structural checks only."""
+  need = ['state', os.path.join('meta', 'metadata')]
+  if os.path.isdir(os.path.join(step_dir, 'state', 'ocdbt.process_0')):
+    need.append(os.path.join('state', 'manifest.ocdbt'))
+  for name in need:
+    if not os.path.exists(os.path.join(step_dir, name)):
+      return f'{name} is missing'
+  if not os.path.exists(record_path):
+    return None
+  try:
+    with open(record_path) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None  # a damaged record says nothing about the save
+  sizes = _file_sizes(step_dir)
+  for name, size in sorted(record.items()):
+    if name not in sizes:
+      return f'{name} is missing'
+    if sizes[name] != size:
+      return f'{name} is truncated or changed ({sizes[name]:,} bytes, ' + (
+        f'{size:,} saved)'
+      )
+  return None
+
+
+def saved_steps(workdir):
+  """{'latest': [...], 'best': [...]} from the directory names alone (opens
+  no manager, creates nothing)."""
+  out = {}
+  for which in WHICH:
+    path = os.path.join(workdir, 'checkpoints', which)
+    names = os.listdir(path) if os.path.isdir(path) else []
+    out[which] = sorted(int(n) for n in names if n.isdigit())
+  return out
+
 
 class Checkpoints:
   def __init__(self, workdir, keep=2):
-    root = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    self.root = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     opts = lambda n: ocp.CheckpointManagerOptions(  # noqa: E731
       max_to_keep=n, create=True, enable_async_checkpointing=False
     )
     self.latest = ocp.CheckpointManager(
-      os.path.join(root, 'latest'), options=opts(keep)
+      os.path.join(self.root, 'latest'), options=opts(keep)
     )
     self.best = ocp.CheckpointManager(
-      os.path.join(root, 'best'), options=opts(1)
+      os.path.join(self.root, 'best'), options=opts(1)
     )
 
   def _manager(self, which):
     return {'latest': self.latest, 'best': self.best}[which]
+
+  def path(self, which, step):
+    return os.path.join(self.root, which, str(step))
+
+  def record_path(self, which, step):
+    """The save's file sizes, kept apart from orbax's folders."""
+    return os.path.join(self.root, 'records', f'{which}_{step}.json')
+
+  def _write_record(self, which, step):
+    path = self.record_path(which, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + '.tmp', 'w') as f:
+      json.dump(_file_sizes(self.path(which, step)), f, sort_keys=True)
+    os.replace(path + '.tmp', path)
+    kept = {f'{w}_{s}.json' for w in WHICH for s in self.all_steps(w)}
+    for name in os.listdir(os.path.dirname(path)):
+      if name.endswith('.json') and name not in kept:
+        os.remove(os.path.join(os.path.dirname(path), name))
 
   def save(self, which, step, state, meta):
     mngr = self._manager(which)
@@ -39,6 +140,7 @@ class Checkpoints:
       ),
     )
     mngr.wait_until_finished()
+    self._write_record(which, step)
 
   def latest_step(self, which='latest'):
     return self._manager(which).latest_step()
@@ -47,20 +149,53 @@ class Checkpoints:
     return list(self._manager(which).all_steps())
 
   def restore(self, which, step, abstract_state):
-    """Restores (state, meta) with the shardings of `abstract_state`."""
+    """Restores (state, meta) with the shardings of `abstract_state`; raises
+    CheckpointError when the save is corrupt or incomplete."""
     target = jax.tree.map(
       lambda x: (
         ocp.utils.to_shape_dtype_struct(x) if hasattr(x, 'shape') else x
       ),
       abstract_state,
     )
-    out = self._manager(which).restore(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-      ),
-    )
-    return out['state'], out['meta']
+    problem = _problem(self.path(which, step), self.record_path(which, step))
+    if problem:
+      raise CheckpointError(
+        f'The {which} checkpoint at step {step} ({self.path(which, step)}) '
+        f'is incomplete ({problem})'
+      )
+    try:
+      out = self._manager(which).restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+        ),
+      )
+      state, meta = out['state'], out['meta']
+      if not isinstance(meta, dict) or 'step' not in meta:
+        raise ValueError('its meta item is missing or incomplete')
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(
+        f'The {which} checkpoint at step {step} ({self.path(which, step)}) '
+        f'is unreadable ({_reason(e)})'
+      ) from None
+    return state, meta
+
+  def set_aside(self, which, step):
+    """Moves an unreadable save to checkpoints/unreadable/<which>_<step>
+    (kept, never read again); returns the new path."""
+    dest = os.path.join(self.root, 'unreadable', f'{which}_{step}')
+    n = 1
+    while os.path.exists(dest):
+      n += 1
+      dest = os.path.join(self.root, 'unreadable', f'{which}_{step}.{n}')
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.move(self.path(which, step), dest)
+    if os.path.exists(self.record_path(which, step)):
+      shutil.move(
+        self.record_path(which, step), os.path.join(dest, 'size_record.json')
+      )
+    self._manager(which).reload()
+    return dest
 
   def close(self):
     self.latest.close()

@@ -38,7 +38,34 @@ def _sentence(e):
   last = lines[-1] if lines else repr(e)
   if 'Error whilst parsing config file' in text or 'Traceback' in text:
     return re.sub(r'^\w+(Error|Exception): ', '', last)
+  bad_value = re.match(r'flag (--\S+?)=(.*?): (.*)', text, re.S)
+  if bad_value:
+    flag, value, why = bad_value.groups()
+    why = why.strip().splitlines()[0].rstrip('.')
+    return f'{flag}={value} is not a valid value ({why}); fix it.'
   return last
+
+
+def _config_arg(argv):
+  """The value of --config in argv (or '')."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(('--config=', '-config=')):
+      return arg.split('=', 1)[1]
+    if arg in ('--config', '-config') and i + 1 < len(argv):
+      return argv[i + 1]
+  return ''
+
+
+def _no_config_file(path):
+  """Prints the missing config file's sentence and exits with 2."""
+  path = path.split(':')[0]
+  known = ', '.join(f'configs/{t}.py' for t in TASKS)
+  print(
+    f'error: cannot load config file {path!r}; give one of: {known} '
+    '(as configs/<task>.py:<model>).',
+    file=sys.stderr,
+  )
+  sys.exit(2)
 
 
 def _check_config_loaded():
@@ -49,14 +76,7 @@ def _check_config_loaded():
   try:
     flags.FLAGS.config.keys()
   except OSError:
-    path = flags.FLAGS['config'].config_filename.split(':')[0]
-    known = ', '.join(f'configs/{t}.py' for t in TASKS)
-    print(
-      f'error: cannot load config file {path!r}; give one of: {known} '
-      '(as configs/<task>.py:<model>).',
-      file=sys.stderr,
-    )
-    sys.exit(2)
+    _no_config_file(flags.FLAGS['config'].config_filename)
 
 
 def parse_flags(argv):
@@ -65,6 +85,10 @@ def parse_flags(argv):
     args = flags.FLAGS(argv)
     _check_config_loaded()
     return args
+  except OSError:  # a --config.<key> override loads a missing config file
+    if not _config_arg(argv):
+      raise
+    _no_config_file(_config_arg(argv))
   except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
     print(f'error: {_sentence(e)}', file=sys.stderr)
     sys.exit(2)

@@ -498,6 +498,11 @@ def read_tsv(path, width, progress=False):
         _bad(path, line_no, f'{len(tokens)} tokens, over the {width} allowed')
       rows.append(tokens)
       labels.append(label[0] - 48)
+  if not rows:
+    raise UserError(
+      f'{path} has no examples, only its header; fetch the file again '
+      '(or remove the three release files to generate the data).'
+    )
   lengths = np.array([len(r) for r in rows], np.int64)
   inputs = np.zeros((len(rows), width), np.uint8)
   inputs[np.arange(width) < lengths[:, None]] = np.frombuffer(

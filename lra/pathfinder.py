@@ -494,6 +494,8 @@ def prepare(cache_dir, data_dir, options, progress):
     seconds=round(time.time() - start, 1),
   )
   cache.write_info(cache_dir, **info)
+  for split in cache.SPLITS:
+    cache.write_record(cache_dir, split)
   log.info('Pathfinder: %s in %.1f s.', info['counts'], info['seconds'])
 
 

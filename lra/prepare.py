@@ -1,11 +1,14 @@
 """Generates or converts one LRA task into its cache.
 
   python -m lra.prepare listops [--data_dir DIR] [--small] [--seed N]
-  python -m lra.prepare pathfinder --option resolution=32 --option hard=1
+  python -m lra.prepare pathfinder --option resolution=64 --option seed=1
+  python -m lra.prepare pathx --option difficulty=easy
+  python -m lra.prepare text --option val=heldout --force
 
 Synthetic tasks (listops, pathfinder, pathx) are generated; the others are
 converted from release files under the data directory (a missing file stops
-with a message naming it and where to put it). `--force` rebuilds the cache.
+with a message naming it and where to put it). `--force` rebuilds the cache;
+a damaged cache file is reported with the command that rebuilds it.
 """
 
 import argparse
@@ -15,7 +18,7 @@ import shutil
 import sys
 import time
 
-from lra import cache, tasks
+from lra import cache, tasks, validate
 from lra.errors import UserError
 
 
@@ -48,7 +51,23 @@ def parse_options(args):
   return options
 
 
-def main(argv=None):
+def command(task_name, data_dir, options):
+  """The `python -m lra.prepare ... --force` line that rebuilds this cache."""
+  parts = ['python -m lra.prepare', task_name]
+  if data_dir and os.path.abspath(data_dir) != os.path.abspath(
+    tasks.default_data_dir()
+  ):
+    parts.append(f'--data_dir {data_dir}')
+  defaults = dict(tasks.get_task(task_name).defaults)
+  for key, value in sorted(options.items()):
+    if key == 'variant':
+      parts.append(f'--variant {value}')
+    elif defaults.get(key) != value:
+      parts.append(f'--option {key}={value}')
+  return ' '.join(parts + ['--force'])
+
+
+def build_parser():
   parser = argparse.ArgumentParser(
     prog='python -m lra.prepare', description=__doc__.split('\n')[0]
   )
@@ -71,19 +90,36 @@ def main(argv=None):
   parser.add_argument(
     '--force', action='store_true', help='delete the cache and rebuild it'
   )
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(message)s')
   try:
     task = tasks.get_task(args.task)
     options = parse_options(args)
-    data_dir = args.data_dir or tasks.default_data_dir()
+    if args.data_dir:
+      data_dir, flag = args.data_dir, '--data_dir'
+    else:
+      data_dir, flag = tasks.default_data_dir(), 'LRA_DATA_DIR'
+    validate.check_dir(data_dir, flag, writable=False)
     path = task.cache_dir(data_dir, options)
     if args.force and os.path.exists(path):
       shutil.rmtree(path)
     start = time.time()
     was_ready = cache.is_complete(path)
-    path = task.ensure_prepared(data_dir, options)
-    counts = {s: len(cache.load_split(path, s)[1]) for s in cache.SPLITS}
+    try:
+      path = task.ensure_prepared(data_dir, options)
+      counts = {s: len(cache.load_split(path, s)[1]) for s in cache.SPLITS}
+    except cache.CacheError as e:
+      rebuild = command(args.task, data_dir, options)
+      raise UserError(f'{e}; rebuild the cache with `{rebuild}`.') from None
+    except OSError as e:
+      raise UserError(
+        f'Cannot prepare the cache in {path} ({e.strerror}: {e.filename}); '
+        f'give a {flag} you can write to.'
+      ) from None
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

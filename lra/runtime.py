@@ -3,12 +3,14 @@ mesh, batch placement, data loading and exact evaluation."""
 
 import json
 import os
+import shutil
+import sys
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, cache, steps, tasks
+from lra import batching, cache, checkpoints, steps, tasks
 from lra.errors import UserError
 from lra.metrics import write_json
 
@@ -22,6 +24,23 @@ RESUMABLE_CHANGES = (
   'data_dir',
   'eval_batch_size',
 )
+# Optimiser settings that may change on resumption (e.g. after a non-finite
+# loss: a lower learning rate or clipping from the last good checkpoint on).
+# They change closures, not the optimizer state's structure (lra.steps); the
+# change is recorded in config.json ('resume_changes': step, old and new
+# values) and as a metrics.jsonl row of split 'config'.
+OPTIMISER_CHANGES = (
+  'learning_rate',
+  'schedule',
+  'warmup_steps',
+  'weight_decay',
+  'adam_b1',
+  'adam_b2',
+  'adam_eps',
+  'grad_clip_norm',
+)
+# The record of those changes in config.json (not a config field).
+CHANGES_KEY = 'resume_changes'
 
 
 def make_mesh(devices=None):
@@ -57,9 +76,32 @@ def to_device(batch, sharding):
 
 
 def load_data(config, task, progress=True):
+  """The three splits; a damaged cache of a generated task is rebuilt (with
+  a warning), one of a converted task is an error naming the command that
+  rebuilds it."""
+  from lra import prepare  # pylint: disable=g-import-not-at-top
+
   data_dir = config.data_dir or tasks.default_data_dir()
-  path = task.ensure_prepared(data_dir, config.data.to_dict(), progress)
-  return {s: cache.load_split(path, s) for s in cache.SPLITS}
+  options = config.data.to_dict()
+  flag = '--config.data_dir' if config.data_dir else 'LRA_DATA_DIR'
+  for attempt in range(2):
+    try:
+      path = task.ensure_prepared(data_dir, options, progress)
+      return {s: cache.load_split(path, s) for s in cache.SPLITS}
+    except cache.CacheError as e:
+      if not task.generated or attempt:
+        raise UserError(
+          f'{e}; rebuild the cache with '
+          f'`{prepare.command(task.name, data_dir, options)}`.'
+        ) from None
+      print(f'warning: {e}; regenerating the cache.', file=sys.stderr)
+      shutil.rmtree(task.cache_dir(data_dir, options))
+    except OSError as e:
+      raise UserError(
+        f'Cannot prepare the {task.name} cache under {data_dir} '
+        f'({e.strerror}: {e.filename}); set {flag} to a directory you can '
+        'write to.'
+      ) from None
 
 
 def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
@@ -89,22 +131,61 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   return steps.finish(jax.device_get(total))
 
 
-def check_config(config, workdir, resuming):
-  """Writes config.json; a resumed run must keep the saved config."""
+def _leaves(tree, prefix=''):
+  """{'model.num_layers': 4, ...} of a nested dict."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_leaves(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def check_resume(config, workdir):
+  """Compares the config with the run saved in `workdir` (when it has
+  checkpoints); returns {leaf key: (old, new)} of the optimiser settings
+  that changed, or raises UserError naming the leaf keys that may not
+  change. Writes nothing."""
   path = os.path.join(workdir, 'config.json')
-  new = json.loads(config.to_json())
+  saved = checkpoints.saved_steps(workdir)
+  if not (saved['latest'] or saved['best']) or not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    old = json.load(f)
+  old.pop(CHANGES_KEY, None)
+  old, new = _leaves(old), _leaves(json.loads(config.to_json()))
+  differ = sorted(
+    k
+    for k in set(old) | set(new)
+    if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES
+  )
+  fixed = [k for k in differ if k not in OPTIMISER_CHANGES]
+  if fixed:
+    shown = ', '.join(fixed[:6]) + (', ...' if len(fixed) > 6 else '')
+    raise UserError(
+      f'{workdir} holds a run with a different config ({shown} differ); '
+      'use a new --workdir to start another run (only the optimiser '
+      'settings, e.g. --config.learning_rate, may change on resuming).'
+    )
+  return {k: (old.get(k), new.get(k)) for k in differ}
+
+
+def write_config(config, workdir, resuming=False, changes=None, step=None):
+  """Creates the workdir and writes config.json; a resumed run keeps the
+  record of earlier changes and appends `changes` (from check_resume), made
+  at `step`."""
+  path = os.path.join(workdir, 'config.json')
+  history = []
   if resuming and os.path.exists(path):
     with open(path) as f:
-      old = json.load(f)
-    diff = sorted(
-      k
-      for k in set(old) | set(new)
-      if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
+      history = json.load(f).get(CHANGES_KEY, [])
+  if changes:
+    history.append(
+      {'step': step, 'changes': {k: list(v) for k, v in changes.items()}}
     )
-    if diff:
-      raise UserError(
-        f'{workdir} holds a run with a different config ({", ".join(diff)} '
-        'differ); use a new --workdir to start another run.'
-      )
+  new = json.loads(config.to_json())
+  if history:
+    new[CHANGES_KEY] = history
   os.makedirs(workdir, exist_ok=True)
   write_json(path, new)

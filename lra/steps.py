@@ -48,20 +48,34 @@ def learning_rate_schedule(config):
   raise ValueError(config.schedule)
 
 
+def _clipped(tx, max_norm):
+  """`tx` after clipping to a global norm, with exactly `tx`'s state, so
+  turning clipping on or off keeps the optimizer state's structure (a run
+  can resume with another --config.grad_clip_norm)."""
+  clip = optax.clip_by_global_norm(max_norm)
+
+  def update(updates, state, params=None):
+    updates, _ = clip.update(updates, optax.EmptyState(), params)
+    return tx.update(updates, state, params)
+
+  return optax.GradientTransformation(tx.init, update)
+
+
 def make_optimizer(config):
-  parts = []
-  if config.grad_clip_norm:
-    parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
-  parts.append(
-    optax.adamw(
-      learning_rate_schedule(config),
-      b1=config.adam_b1,
-      b2=config.adam_b2,
-      eps=config.adam_eps,
-      weight_decay=config.weight_decay,
-    )
+  """AdamW on the schedule, after optional clipping. Only closures depend on
+  the optimiser settings (learning rate, schedule, warmup, weight decay,
+  Adam's constants, clipping), never the state's structure, so a run resumes
+  with changed settings (lra.runtime.OPTIMISER_CHANGES)."""
+  tx = optax.adamw(
+    learning_rate_schedule(config),
+    b1=config.adam_b1,
+    b2=config.adam_b2,
+    eps=config.adam_eps,
+    weight_decay=config.weight_decay,
   )
-  tx = optax.chain(*parts)
+  if config.grad_clip_norm:
+    tx = _clipped(tx, config.grad_clip_norm)
+  tx = optax.chain(tx)  # the structure runs saved before clipping moved
   if config.grad_accum_steps > 1:
     tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
   return tx
@@ -84,7 +98,15 @@ def make_train_step(graphdef):
     optimizer.update(model, grads)
     metrics['loss'] = loss
     metrics['grad_norm'] = optax.tree.norm(grads)
-    return nnx.state((model, optimizer)), metrics
+    new_state = nnx.state((model, optimizer))
+    # An update can blow the parameters up with a finite loss (the next
+    # step's is not); train.py stops at the step whose update did it, so no
+    # checkpoint holds such parameters. Their squared norm overflows float32
+    # long before they are inf.
+    metrics['params_finite'] = jnp.isfinite(
+      optax.tree.norm(nnx.state(model, nnx.Param), squared=True)
+    )
+    return new_state, metrics
 
   return train_step
 

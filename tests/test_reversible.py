@@ -363,5 +363,5 @@ def test_train_py_runs_a_reversible_chunked_model(tmp_path):
     **common,
   )
   assert proc.returncode == 0, proc.stderr
-  ev = json.load(open(os.path.join(workdir, 'eval_val.json')))
+  ev = json.load(open(os.path.join(workdir, 'eval_val_best.json')))
   assert ev['accuracy'] == results['val']['accuracy']

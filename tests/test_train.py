@@ -3,6 +3,7 @@ resume, eval equals training, 1 vs 4 devices, non-finite loss."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import time
 import jax
 import numpy as np
 import pytest
+from test_errors import array_files
 
 from configs import listops as listops_config
 from lra import batching, runtime, steps, tasks
+from lra.errors import UserError
 from lra.metrics import read_rows
 from lra.report import accuracy_table
 from train import create_state
@@ -23,10 +26,8 @@ SMOKE = 'configs/listops.py:transformer,smoke'
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  tasks.get_task('listops').ensure_prepared(path, {'variant': 'smoke'}, False)
-  return path
+def data_dir(smoke_data_dir):
+  return smoke_data_dir
 
 
 def run(script, *args, check=True):
@@ -58,10 +59,8 @@ def strip_timing(rows):
 
 
 @pytest.fixture(scope='module')
-def full_run(tmp_path_factory, data_dir):
-  workdir = str(tmp_path_factory.mktemp('full'))
-  train(workdir, data_dir)
-  return workdir
+def full_run(smoke_run):
+  return smoke_run
 
 
 def test_smoke_run_writes_the_contract_files(full_run):
@@ -100,15 +99,43 @@ def test_killed_and_resumed_run_ends_exactly_like_uninterrupted(
   assert strip_timing(rows_a) == strip_timing(rows_b)
 
 
+def test_damaged_checkpoints_are_skipped_and_the_run_finishes_the_same(
+  tmp_path, data_dir, full_run
+):
+  """A truncated array file in the newest saves: a warning names each one,
+  the run resumes from the newest readable save and ends like the original."""
+  workdir = str(tmp_path / 'damaged')
+  shutil.copytree(full_run, workdir)
+  os.remove(os.path.join(workdir, 'results.json'))
+  damaged = [os.path.join(workdir, 'checkpoints', 'latest', '6')]
+  best = os.path.join(workdir, 'checkpoints', 'best', '6')
+  damaged += [best] if os.path.exists(best) else []
+  for step_dir in damaged:
+    for path in array_files(step_dir):
+      with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) // 3)
+  proc = train(workdir, data_dir)
+  assert 'Traceback' not in proc.stderr
+  warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith('warn')]
+  assert any('latest checkpoint at step 6' in w for w in warnings), warnings
+  assert 'resuming from the latest checkpoint at step 3' in proc.stderr
+  assert f'Resuming {workdir} from step 3.' in proc.stdout
+  a = json.load(open(os.path.join(full_run, 'results.json')))
+  b = json.load(open(os.path.join(workdir, 'results.json')))
+  assert a == b
+  unreadable = os.listdir(os.path.join(workdir, 'checkpoints', 'unreadable'))
+  assert 'latest_6' in unreadable and len(unreadable) == len(damaged)
+
+
 def test_eval_equals_training_evaluation(full_run, data_dir):
   run('eval.py', f'--workdir={full_run}', '--split=test')
-  ev = json.load(open(os.path.join(full_run, 'eval_test.json')))
+  ev = json.load(open(os.path.join(full_run, 'eval_test_best.json')))
   res = json.load(open(os.path.join(full_run, 'results.json')))
   assert ev['step'] == res['best_step']
   assert ev['accuracy'] == res['test']['accuracy']
   assert ev['loss'] == pytest.approx(res['test']['loss'], rel=1e-6)
   run('eval.py', f'--workdir={full_run}', '--split=val', '--step=6')
-  ev = json.load(open(os.path.join(full_run, 'eval_val.json')))
+  ev = json.load(open(os.path.join(full_run, 'eval_val_step6.json')))
   val6 = [
     r
     for r in read_rows(os.path.join(full_run, 'metrics.jsonl'))
@@ -122,6 +149,22 @@ def test_resuming_with_a_different_config_is_refused(full_run, data_dir):
   proc = train(full_run, data_dir, '--config.seed=7', check=False)
   assert proc.returncode == 2 and 'Traceback' not in proc.stderr
   assert 'seed differ' in proc.stderr and 'use a new --workdir' in proc.stderr
+
+
+def test_config_mismatch_names_leaf_keys_and_allows_optimiser_changes(
+  full_run,
+):
+  config = listops_config.get_config('transformer,smoke')
+  config.model.num_layers = 2
+  config.model.attention.implementation = 'fused'
+  with pytest.raises(UserError, match=r'\(model\.attention\.implementation, '):
+    runtime.check_resume(config, full_run)
+  config = listops_config.get_config('transformer,smoke')
+  config.learning_rate, config.grad_clip_norm = 1e-4, 1.0
+  assert runtime.check_resume(config, full_run) == {
+    'grad_clip_norm': (0.0, 1.0),
+    'learning_rate': (0.05, 1e-4),
+  }
 
 
 def test_one_device_step_equals_four_device_step(data_dir):
@@ -163,12 +206,37 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
   )
   assert proc.returncode != 0
   err = proc.stderr.strip().splitlines()[-1]
-  assert err.startswith('error: Training stopped: the loss is not finite')
+  assert err.startswith('error: Training stopped: the ')
+  assert 'loss is not finite' in err or 'parameters diverged' in err
   step = int(err.split('at step ')[1].split(';')[0])
   assert f'last good checkpoint is step {step - 1}' in err
   assert 'Traceback' not in proc.stderr
   saved = os.listdir(os.path.join(workdir, 'checkpoints', 'latest'))
   assert str(step - 1) in saved and str(step) not in saved
+  assert 'run the same command with a lower --config.learning_rate' in err
+  # The advice can be followed: the same command with a lower learning rate
+  # resumes from the last good checkpoint and records the change.
+  proc = train(
+    workdir,
+    data_dir,
+    '--config.learning_rate=0.001',
+    '--config.schedule=constant',
+    '--config.warmup_steps=1000',
+    '--config.checkpoint_every_steps=1',
+  )
+  assert f'Resuming {workdir} from step {step - 1}.' in proc.stdout
+  config = json.load(open(os.path.join(workdir, 'config.json')))
+  assert config['learning_rate'] == 0.001
+  assert config['resume_changes'] == [
+    {'step': step - 1, 'changes': {'learning_rate': [1e30, 0.001]}}
+  ]
+  rows = read_rows(os.path.join(workdir, 'metrics.jsonl'))
+  assert {
+    'step': step - 1,
+    'split': 'config',
+    'changes': {'learning_rate': [1e30, 0.001]},
+  } in rows
+  assert os.path.exists(os.path.join(workdir, 'results.json'))
 
 
 def test_bfloat16_and_accumulated_steps_train(data_dir):
@@ -237,4 +305,4 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, data_dir):
   assert step >= 5
   assert os.listdir(workdir / 'checkpoints' / 'latest') == [str(step)]
   run('eval.py', f'--workdir={workdir}', '--which=latest', '--split=val')
-  assert json.load(open(workdir / 'eval_val.json'))['step'] == step
+  assert json.load(open(workdir / 'eval_val_latest.json'))['step'] == step
