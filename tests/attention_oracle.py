@@ -99,3 +99,23 @@ def depends_on_future(core, q, k, v, t, pad=None):
 
   grads = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
   return any(np.abs(np.asarray(g)[:, t + 1 :]).sum() > 0 for g in grads)
+
+
+def time_gradients(core, q, k, v, ts, pad=None, causal=True):
+  """|d out[:, t] / d (q, k, v)| summed per input position: float [T, 3, L].
+
+  One compiled program for every t (a vmap over the output's cotangents),
+  for causality checks: row t must be zero after t.
+  """
+
+  @jax.jit
+  def f(q, k, v):
+    out, pull = jax.vjp(
+      lambda q, k, v: core(q, k, v, Mask(pad, causal))[0], q, k, v
+    )
+    onehot_TxL = jax.nn.one_hot(jnp.asarray(ts), out.shape[1], dtype=out.dtype)
+    cts = onehot_TxL[:, None, :, None, None] * jnp.ones_like(out)[None]
+    grads = jax.vmap(pull)(cts)
+    return jnp.stack([jnp.abs(g).sum(axis=(1, 3, 4)) for g in grads], axis=1)
+
+  return np.asarray(f(q, k, v))
