@@ -262,8 +262,8 @@ def test_bfloat16_close_to_float32(core_r2):
 @pytest.mark.parametrize(
   'options, match',
   [
-    ({'block_size': 0}, 'block_size must be >= 1'),
-    ({'num_random_blocks': -1}, 'num_random_blocks must be >= 0'),
+    ({'block_size': 0}, 'block_size must be an integer >= 1'),
+    ({'num_random_blocks': -1}, 'num_random_blocks must be an integer >= 0'),
     ({'seed': 1.5}, 'seed must be an integer'),
   ],
 )

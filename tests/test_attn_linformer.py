@@ -167,7 +167,7 @@ def test_refusals_are_one_sentence():
   q, k, v = oracle.qkv(6, B, 17, H, D)
   with pytest.raises(UserError, match='length 17 .* max_length 16'):
     core(q, k, v, Mask(None, False))
-  with pytest.raises(UserError, match='proj_length must be a positive'):
+  with pytest.raises(UserError, match='proj_length must be an integer >= 1'):
     make(16, 0)
   with pytest.raises(UserError, match='share_kv must be true or false'):
     make(16, 4, share_kv='yes')

@@ -180,7 +180,7 @@ def test_causal_by_gradient():
 )
 def test_bad_options_name_the_problem(opts):
   name = next(iter(opts))
-  with pytest.raises(UserError, match=f'Longformer {name} must'):
+  with pytest.raises(UserError, match=f'ongformer {name} must'):
     longformer(**opts)
 
 

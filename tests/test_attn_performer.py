@@ -174,8 +174,8 @@ def test_stabiliser_ignores_padding_and_stays_finite(causal):
   'opts, match',
   [
     ({'kernel': 'cos'}, 'Unknown performer kernel'),
-    ({'num_features': 0}, 'positive integer'),
-    ({'num_features': 2.5}, 'positive integer'),
+    ({'num_features': 0}, 'an integer >= 1'),
+    ({'num_features': 2.5}, 'must be an integer'),
     ({'orthogonal': 'yes'}, 'true or false'),
     ({'redraw': 1}, 'true or false'),
   ],

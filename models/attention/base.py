@@ -19,6 +19,7 @@ from typing import NamedTuple
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Mask(NamedTuple):
@@ -123,6 +124,35 @@ def key_valid_BxM(mask, batch, length_k):
   if mask.key_padding_BxM is None:
     return jnp.ones((batch, length_k), bool)
   return mask.key_padding_BxM
+
+
+def int_option(core, name, value, minimum, example):
+  """value if it is an integer >= minimum, else one sentence naming the
+  option of `core` (a registry name) and a valid setting."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    problem = 'an integer'
+  elif value < minimum:
+    problem = f'an integer >= {minimum}'
+  else:
+    return int(value)
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  raise UserError(
+    f'{core} {name} must be {problem}, got {value!r}; set e.g. '
+    f'--config.model.attention.{name}={example}.'
+  )
+
+
+def bool_option(core, name, value):
+  """value if it is a bool, else one sentence naming the option."""
+  if isinstance(value, bool):
+    return value
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  raise UserError(
+    f'{core} {name} must be true or false, got {value!r}; set '
+    f'--config.model.attention.{name}=True or False.'
+  )
 
 
 def refuse_causal(core, mask, why=''):

@@ -72,6 +72,7 @@ from lra.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
+  int_option,
   key_valid_BxM,
   pad_to_multiple,
 )
@@ -143,14 +144,6 @@ def middle_layout(seed, layer, num_heads, num_blocks, r):
   return blocks, valid
 
 
-def _int_option(value, name, minimum):
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise UserError(f'bigbird {name} must be an integer, got {value!r}.')
-  if value < minimum:
-    raise UserError(f'bigbird {name} must be >= {minimum}, got {value}.')
-  return int(value)
-
-
 @register('bigbird')
 class BigBirdAttention(AttentionCore):
   supports_causal = True
@@ -170,12 +163,12 @@ class BigBirdAttention(AttentionCore):
     seed=0,
   ):
     del max_length, rngs
-    self.block_size = _int_option(block_size, 'block_size', 1)
-    self.num_random_blocks = _int_option(
-      num_random_blocks, 'num_random_blocks', 0
+    self.block_size = int_option('bigbird', 'block_size', block_size, 1, 64)
+    self.num_random_blocks = int_option(
+      'bigbird', 'num_random_blocks', num_random_blocks, 0, 3
     )
-    self.seed = _int_option(seed, 'seed', 0)
-    self.layer_index = _int_option(layer_index, 'layer_index', 0)
+    self.seed = int_option('bigbird', 'seed', seed, 0, 0)
+    self.layer_index = int_option('bigbird', 'layer_index', layer_index, 0, 0)
     self.num_heads = num_heads
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5

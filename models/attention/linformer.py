@@ -42,7 +42,13 @@ from flax import nnx
 import jax.numpy as jnp
 
 from lra.errors import UserError
-from models.attention.base import AttentionCore, attend, refuse_causal
+from models.attention.base import (
+  AttentionCore,
+  attend,
+  bool_option,
+  int_option,
+  refuse_causal,
+)
 from models.attention.registry import register
 
 
@@ -66,21 +72,9 @@ class LinformerAttention(AttentionCore):
     share_heads=True,
   ):
     del layer_index
-    if (
-      isinstance(proj_length, bool)
-      or not isinstance(proj_length, int)
-      or proj_length < 1
-    ):
-      raise UserError(
-        f'Linformer proj_length must be a positive integer, got '
-        f'{proj_length!r}; set --config.model.attention.proj_length=256.'
-      )
-    for name, value in (('share_kv', share_kv), ('share_heads', share_heads)):
-      if not isinstance(value, bool):
-        raise UserError(
-          f'Linformer {name} must be true or false, got {value!r}; set '
-          f'--config.model.attention.{name}=False or True.'
-        )
+    int_option('linformer', 'proj_length', proj_length, 1, 256)
+    bool_option('linformer', 'share_kv', share_kv)
+    bool_option('linformer', 'share_heads', share_heads)
     self.proj_length = proj_length
     self.share_kv = share_kv
     self.share_heads = share_heads

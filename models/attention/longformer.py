@@ -65,6 +65,8 @@ from lra.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
+  bool_option,
+  int_option,
   key_valid_BxM,
   pad_to_multiple,
   refuse_causal,
@@ -75,10 +77,6 @@ from models.attention.registry import register
 # neighbouring blocks on each side: 2 gave the least compiled memory at
 # w = 512, L = 4096 (1 wastes more logits, 4 copies keys and values more).
 SIDE_BLOCKS = 2
-
-
-def _is_int(x):
-  return isinstance(x, int) and not isinstance(x, bool)
 
 
 @register('longformer')
@@ -101,25 +99,14 @@ class LongformerAttention(AttentionCore):
     global_projections=True,
   ):
     del max_length, rngs, layer_index
-    if not _is_int(window) or window < 2 or window % 2:
+    if int_option('longformer', 'window', window, 2, 512) % 2:
       raise UserError(
         f'Longformer window must be an even integer >= 2 (w / 2 keys on '
         f'each side), got {window!r}.'
       )
-    if not _is_int(dilation) or dilation < 1:
-      raise UserError(
-        f'Longformer dilation must be an integer >= 1, got {dilation!r}.'
-      )
-    if not _is_int(global_tokens) or global_tokens < 0:
-      raise UserError(
-        f'Longformer global_tokens must be an integer >= 0 (0 = none), got '
-        f'{global_tokens!r}.'
-      )
-    if not isinstance(global_projections, bool):
-      raise UserError(
-        f'Longformer global_projections must be true or false, got '
-        f'{global_projections!r}.'
-      )
+    int_option('longformer', 'dilation', dilation, 1, 1)
+    int_option('longformer', 'global_tokens', global_tokens, 0, 1)
+    bool_option('longformer', 'global_projections', global_projections)
     self.window = window
     self.dilation = dilation
     self.global_tokens = global_tokens

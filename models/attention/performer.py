@@ -60,7 +60,12 @@ import jax
 import jax.numpy as jnp
 
 from lra.errors import UserError
-from models.attention.base import AttentionCore, key_valid_BxM
+from models.attention.base import (
+  AttentionCore,
+  bool_option,
+  int_option,
+  key_valid_BxM,
+)
 from models.attention.kernel_attention import kernel_attention
 from models.attention.registry import register
 
@@ -168,21 +173,9 @@ class PerformerAttention(AttentionCore):
       raise UserError(
         f'Unknown performer kernel {kernel!r}; use one of {", ".join(KERNELS)}.'
       )
-    if (
-      isinstance(num_features, bool)
-      or not isinstance(num_features, int)
-      or num_features < 1
-    ):
-      raise UserError(
-        f'performer num_features must be a positive integer, got '
-        f'{num_features!r}; set model.attention.num_features to e.g. 256.'
-      )
-    for name, value in (('orthogonal', orthogonal), ('redraw', redraw)):
-      if not isinstance(value, bool):
-        raise UserError(
-          f'performer {name} must be true or false, got {value!r}; set '
-          f'model.attention.{name} to a boolean.'
-        )
+    int_option('performer', 'num_features', num_features, 1, 256)
+    bool_option('performer', 'orthogonal', orthogonal)
+    bool_option('performer', 'redraw', redraw)
     self.kernel = kernel
     self.num_features = num_features
     self.orthogonal = orthogonal
