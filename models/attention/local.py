@@ -21,10 +21,10 @@ and keys must have the same length (self-attention).
 
 import jax.numpy as jnp
 
-from lra.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
+  int_option,
   key_valid_BxM,
   pad_to_multiple,
 )
@@ -77,11 +77,7 @@ class LocalAttention(AttentionCore):
     block_size=50,
   ):
     del num_heads, max_length, rngs, layer_index
-    if not isinstance(block_size, int) or block_size < 1:
-      raise UserError(
-        f'Local attention block_size must be a positive integer, got '
-        f'{block_size!r}; set --config.model.attention.block_size.'
-      )
+    int_option('local', 'block_size', block_size, 1, 50)
     self.block_size = block_size
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5

@@ -50,7 +50,11 @@ import jax
 import jax.numpy as jnp
 
 from lra.errors import UserError
-from models.attention.base import AttentionCore, masked_softmax
+from models.attention.base import (
+  AttentionCore,
+  int_option,
+  masked_softmax,
+)
 from models.attention.local import (
   check_self_attention,
   from_blocks,
@@ -87,6 +91,14 @@ def joint_weights(logit_parts, allowed_parts, *, rate, key):
 
 def _logits(spec, q, k, scale):
   return jnp.einsum(spec, q, k, preferred_element_type=jnp.float32) * scale
+
+
+def other_blocks(n, causal):
+  """bool [N, N]: key block m is another block than query block a (and,
+  causal, an earlier one); keys of the own block are counted elsewhere."""
+  a = jnp.arange(n)[:, None]
+  m = jnp.arange(n)[None, :]
+  return (m < a) if causal else (m != a)
 
 
 def strided(
@@ -139,9 +151,7 @@ def strided(
   # Column: query (a, r) sees keys (m, r) for every block m except its own
   # (j == i is in the band already); causal: m < a.
   col_BxNxHxCxN = _logits('bnqhd,bmqhd->bnhqm', q_BxNxCxHxD, k_BxNxCxHxD, scale)
-  a = jnp.arange(n)[:, None]
-  m = jnp.arange(n)[None, :]
-  other_NxN = (m < a) if causal else (m != a)
+  other_NxN = other_blocks(n, causal)
   col_ok_BxNx1xCxN = (
     valid_BxNxC.transpose(0, 2, 1)[:, None, None, :, :]
     & other_NxN[None, :, None, None, :]
@@ -192,9 +202,7 @@ def fixed(
   ks_BxSxHxD = k_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
   vs_BxSxHxD = v_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
   sum_BxNxHxCxS = _logits('bnqhd,bshd->bnhqs', q_BxNxCxHxD, ks_BxSxHxD, scale)
-  a = jnp.arange(n)[:, None]
-  m = jnp.arange(n)[None, :]
-  other_NxN = (m < a) if causal else (m != a)
+  other_NxN = other_blocks(n, causal)
   other_NxS = jnp.repeat(other_NxN, summary, axis=1)
   sum_ok_BxNx1x1xS = (
     valid_BxNxC[:, :, stride - summary :].reshape(b, 1, 1, 1, -1)
@@ -238,11 +246,7 @@ class SparseTransformerAttention(AttentionCore):
         f'Unknown sparse_transformer pattern {pattern!r}; use one of '
         f'{", ".join(PATTERNS)}.'
       )
-    if not isinstance(stride, int) or stride < 1:
-      raise UserError(
-        f'sparse_transformer stride must be a positive integer, got '
-        f'{stride!r}; set --config.model.attention.stride.'
-      )
+    int_option('sparse_transformer', 'stride', stride, 1, 64)
     if not isinstance(summary, int) or not 0 <= summary <= stride:
       raise UserError(
         f'sparse_transformer summary must be an integer from 0 to the stride '
