@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lra.errors import UserError
+
 
 class Mask(NamedTuple):
   """Which keys a query may see."""
@@ -135,8 +137,6 @@ def int_option(core, name, value, minimum, example):
     problem = f'an integer >= {minimum}'
   else:
     return int(value)
-  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
-
   raise UserError(
     f'{core} {name} must be {problem}, got {value!r}; set e.g. '
     f'--config.model.attention.{name}={example}.'
@@ -147,8 +147,6 @@ def bool_option(core, name, value):
   """value if it is a bool, else one sentence naming the option."""
   if isinstance(value, bool):
     return value
-  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
-
   raise UserError(
     f'{core} {name} must be true or false, got {value!r}; set '
     f'--config.model.attention.{name}=True or False.'
@@ -158,8 +156,6 @@ def bool_option(core, name, value):
 def refuse_causal(core, mask, why=''):
   """Raises the one-sentence error for a core that cannot be causal."""
   if mask.causal:
-    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
-
     raise UserError(
       f'Attention core {core.registry_name!r} cannot be causal'
       f'{why}; use another core for causal masks.'
