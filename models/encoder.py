@@ -22,12 +22,12 @@ class Encoder(nnx.Module):
     self.use_cls = cfg.pooling == 'cls'
     total = max_length + int(self.use_cls)
     self.embed = Embedder(
-      vocab_size, cfg.emb_dim, max_length, cfg.positions, dtype=dtype, rngs=rngs
+      vocab_size, cfg.emb_dim, total, cfg.positions, dtype=dtype, rngs=rngs
     )
     if self.use_cls:
-      self.cls_E = nnx.Param(
-        nnx.initializers.normal(0.02)(rngs.params(), (cfg.emb_dim,))
-      )
+      # Zeros, as the LRA reference; it gets position 0 (prepended before
+      # the positions are added).
+      self.cls_E = nnx.Param(jnp.zeros((cfg.emb_dim,), jnp.float32))
     self.blocks = nnx.List(
       [
         TransformerBlock(
@@ -51,7 +51,7 @@ class Encoder(nnx.Module):
   def __call__(self, tokens_BxL, *, key=None):
     b = tokens_BxL.shape[0]
     padding_BxL = None if self.pad_id is None else tokens_BxL != self.pad_id
-    x_BxLxE = self.embed(tokens_BxL)
+    x_BxLxE = self.embed.embed(tokens_BxL)
     if self.use_cls:
       cls_Bx1xE = jnp.broadcast_to(
         self.cls_E[...].astype(self.dtype), (b, 1, x_BxLxE.shape[-1])
@@ -61,6 +61,7 @@ class Encoder(nnx.Module):
         padding_BxL = jnp.concatenate(
           [jnp.ones((b, 1), bool), padding_BxL], axis=1
         )
+    x_BxLxE = self.embed.add_positions(x_BxLxE)
     keys = split_key(key, len(self.blocks) + 1)
     x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
     mask = Mask(padding_BxL, causal=False)

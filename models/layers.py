@@ -8,6 +8,11 @@ from models.attention import Mask, build
 from models.attention.base import dropout, pad_to_multiple
 
 
+# The LRA reference's initialisers for attention and feed-forward layers.
+XAVIER = nnx.initializers.xavier_uniform()
+TINY = nnx.initializers.normal(1e-6)
+
+
 def split_key(key, n):
   """n keys from key, or n Nones when key is None (deterministic)."""
   if key is None:
@@ -30,7 +35,10 @@ class MultiHeadAttention(nnx.Module):
     dtype,
     rngs,
     layer_index=0,
+    positions='none',
   ):
+    """positions: model.positions; this module applies the schemes that
+    act inside attention ('pia', 'rotary'), the core owns 'relative'."""
     if qkv_dim % num_heads:
       raise ValueError(f'qkv_dim {qkv_dim} not divisible by {num_heads} heads')
     self.num_heads = num_heads
@@ -45,7 +53,15 @@ class MultiHeadAttention(nnx.Module):
       rngs=rngs,
       layer_index=layer_index,
     )
-    linear = lambda i, o: nnx.Linear(i, o, dtype=dtype, rngs=rngs)  # noqa: E731
+    self.positions = positions
+    if positions in ('pia', 'rotary'):
+      raise NotImplementedError(f'positions {positions!r}: pending')
+    if positions == 'relative':
+      raise NotImplementedError('positions relative: pending')
+    # As the LRA reference: no bias, xavier_uniform kernels.
+    linear = lambda i, o: nnx.Linear(  # noqa: E731
+      i, o, use_bias=False, kernel_init=XAVIER, dtype=dtype, rngs=rngs
+    )
     self.query = linear(emb_dim, qkv_dim)
     self.key = None if self.core.shared_qk else linear(emb_dim, qkv_dim)
     self.value = linear(emb_dim, qkv_dim)
@@ -64,9 +80,15 @@ class MultiHeadAttention(nnx.Module):
 
 
 class Mlp(nnx.Module):
+  """Dense(mlp) -> GELU -> Dense(emb), with the LRA reference's
+  initialisers (xavier_uniform kernels, biases normal(1e-6))."""
+
   def __init__(self, emb_dim, mlp_dim, *, dropout_rate, dtype, rngs):
-    self.fc1 = nnx.Linear(emb_dim, mlp_dim, dtype=dtype, rngs=rngs)
-    self.fc2 = nnx.Linear(mlp_dim, emb_dim, dtype=dtype, rngs=rngs)
+    linear = lambda i, o: nnx.Linear(  # noqa: E731
+      i, o, kernel_init=XAVIER, bias_init=TINY, dtype=dtype, rngs=rngs
+    )
+    self.fc1 = linear(emb_dim, mlp_dim)
+    self.fc2 = linear(mlp_dim, emb_dim)
     self.dropout_rate = dropout_rate
 
   def __call__(self, x_BxLxE, *, key=None):
@@ -91,6 +113,7 @@ class TransformerBlock(nnx.Module):
       dtype=dtype,
       rngs=rngs,
       layer_index=layer_index,
+      positions=cfg.positions,
     )
     self.ln_mlp = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
     self.mlp = Mlp(
