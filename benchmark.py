@@ -25,7 +25,10 @@ configs/models.py: it is never trained, and eval.py --table never shows it.
 
 Presets (explicit --batch_size/--steps/--warmup override them):
   paper: the Text reference model (4 layers, emb 256, qkv 256, mlp 1024,
-    4 heads), batch 32, 20 timed steps after 3 warm-up steps.
+    4 heads), batch 32, 20 timed steps after 3 warm-up steps. All 32 sit
+    on this machine's devices, where the paper split them over 16 TPU v3
+    chips (about 2 per chip) and gave memory per device: only ratios to the
+    transformer compare; --batch_size 2 is the per-chip comparison.
   cpu (the default on CPU): 2 layers, emb 64, qkv 64, mlp 128, 2 heads,
     batch 2, 5 timed steps after 1 warm-up; 1K-4K in minutes on 2 cores.
   tiny: 1 layer, emb 16, batch 2, 2 + 1 steps; for tests.

@@ -6,7 +6,11 @@ python eval.py --workdir DIR [--split test] [--step N | --which latest]
     or eval_<split>_step<N>.json (one file per checkpoint evaluated).
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
-    beside the paper's numbers.
+    beside the paper's numbers: one row per effective config (runs that
+    differ only in seed averaged, with n and spread; a config that differs
+    from its task file's is labelled with the differences), each run's
+    selected test accuracy (config.select: best validation or, marked, the
+    final step), generated-data cells marked (lra/report.py).
 python eval.py --table RUNS_DIR --bench BENCH_DIR
     also draws the LRA bubble chart (accuracy vs speed, area = memory) of
     those runs and BENCH_DIR/benchmark.json into BENCH_DIR/lra_bubble.png.

@@ -6,8 +6,11 @@ r"""Trains an LRA model: one jit-compiled step, data-parallel over all devices.
 
 The same command with the same workdir resumes from the latest checkpoint and
 ends with the same results as an uninterrupted run. Writes config.json,
-metrics.jsonl, checkpoints/{latest,best}/ and results.json (test measured on the
-best-on-validation checkpoint).
+metrics.jsonl, checkpoints/{latest,best}/ and results.json: `test` measured on
+the best-on-validation checkpoint, `test_last` on the final step's, `select`
+the one the accuracy table reports (--config.select, lra/metrics.py) and
+`data_source` ('generated' or 'release'). steps/s (metrics.jsonl, progress
+bar) counts training steps only: not compilation, evaluation or saving.
 
 Bad input (config values, paths, data) stops with one `error:` sentence and
 exit status 2 before the workdir is created. An unreadable checkpoint is
@@ -22,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from absl import app, flags, logging
 from flax import nnx
@@ -34,7 +36,7 @@ from tqdm import tqdm
 from lra import batching, cli, runtime, steps, tasks, validate
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
-from lra.metrics import MetricsLog, write_json
+from lra.metrics import MetricsLog, StepTimer, selection, write_json
 from models.classifier import build_model
 
 
@@ -111,6 +113,7 @@ def check_best(ckpt, state, best, no_best, start):
 def train_and_evaluate(config, workdir, stop_after=None):
   # Everything the user can get wrong is checked before the workdir exists.
   validate.check_config(config)
+  select = selection(config)
   validate.check_dir(workdir, '--workdir')
   if config.data_dir:
     validate.check_dir(config.data_dir, '--config.data_dir', writable=False)
@@ -158,12 +161,15 @@ def train_and_evaluate(config, workdir, stop_after=None):
     desc='train',
     dynamic_ncols=True,
     file=sys.stdout,
+    # tqdm's own rate would count compilation and evaluation: ours instead.
+    bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}'
+    '{postfix}]',
   )
-  tick, tick_step = time.time(), start
+  timer = StepTimer()
 
   def flush(step):
     """Syncs pending step metrics; raises NonFiniteLoss naming the step."""
-    nonlocal pending, tick, tick_step
+    nonlocal pending
     rows = jax.device_get(pending)
     pending = []
     for s, m in rows:
@@ -172,15 +178,13 @@ def train_and_evaluate(config, workdir, stop_after=None):
       if not m['params_finite']:
         raise NonFiniteLoss(s, 'the parameters diverged (their norm overflows)')
     if rows:
-      rate = (step - tick_step) / max(time.time() - tick, 1e-9)
-      tick, tick_step = time.time(), step
+      rate = timer.rate(step)  # the steps' results are back: they are done
       mean = lambda k: float(np.mean([m[k] for _, m in rows]))  # noqa: E731
       acc = sum(float(m['correct_sum']) for _, m in rows) / sum(
         float(m['count']) for _, m in rows
       )
-      bar.set_postfix(
-        loss=f'{mean("loss"):.4f}', acc=f'{acc:.3f}', steps_per_s=f'{rate:.2f}'
-      )
+      shown = {} if rate is None else {'steps_per_s': f'{rate:.2f}'}
+      bar.set_postfix(loss=f'{mean("loss"):.4f}', acc=f'{acc:.3f}', **shown)
       return log.write(
         step,
         'train',
@@ -223,6 +227,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
       )
       pending.append((step, metrics))
       bar.update(1)
+      if step == start + 1:  # it compiled the step: time from its end on
+        jax.block_until_ready(metrics)
+        timer.resume(step)
       last = step == config.num_train_steps
       if step % config.log_every_steps == 0 or last:
         flush(step)
@@ -239,10 +246,12 @@ def train_and_evaluate(config, workdir, stop_after=None):
         if val['accuracy'] > best['accuracy']:
           best = {'step': step, 'accuracy': val['accuracy'], 'val': val}
           ckpt.save('best', step, state, {'step': step, 'best': best})
+        timer.resume(step)  # steps/s counts training steps only
       if step % config.checkpoint_every_steps == 0 or last:
         flush(step)
         save(step)
         last_good = step
+        timer.resume(step)
       if stop_after is not None and step >= stop_after:
         bar.close()
         os._exit(3)  # pylint: disable=protected-access
@@ -288,12 +297,18 @@ def train_and_evaluate(config, workdir, stop_after=None):
     best = {'step': last_good, 'accuracy': val['accuracy'], 'val': val}
     ckpt.save('best', last_good, state, {'step': last_good, 'best': best})
 
-  # ---- test on the best-on-validation checkpoint
+  # ---- test the best-on-validation checkpoint and the final step's
+  def test_of(test_state):
+    return runtime.evaluate(
+      eval_step, test_state, data['test'], config, batch_sharding, desc='test'
+    )
+
   best_state, _ = ckpt.restore('best', best['step'], state)
-  test = runtime.evaluate(
-    eval_step, best_state, data['test'], config, batch_sharding, desc='test'
-  )
-  log.write(best['step'], 'test', **test)
+  test = test_of(best_state)
+  log.write(best['step'], 'test', checkpoint='best', **test)
+  last_step = max(start, config.num_train_steps)
+  test_last = test if best['step'] == last_step else test_of(state)
+  log.write(last_step, 'test', checkpoint='last', **test_last)
   results = {
     'task': config.task,
     'model': config.model_name,
@@ -301,12 +316,17 @@ def train_and_evaluate(config, workdir, stop_after=None):
     'best_step': best['step'],
     'val': best['val'],
     'test': test,
+    'last_step': last_step,
+    'test_last': test_last,
+    'select': select,  # the one eval.py --table reports (lra/metrics.py)
+    'data_source': runtime.data_source(config, task),
   }
   write_json(os.path.join(workdir, 'results.json'), results)
   ckpt.close()
   print(
-    f'best step {best["step"]}: val accuracy '
-    f'{best["val"]["accuracy"]:.4f}, test accuracy {test["accuracy"]:.4f}'
+    f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
+    f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
+    f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
   )
   return results
 

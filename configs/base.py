@@ -53,6 +53,12 @@ def get_base_config():
   c.log_every_steps = 50
   # Checkpoints of the latest steps to keep (the best one is kept apart).
   c.keep_checkpoints = 2
+  # Model selection: which test accuracy eval.py --table reports (both are
+  # in results.json): 'best_val' (the best-validation checkpoint's, `test`),
+  # 'last' (the final step's, `test_last`, as the LRA reference) or '' =
+  # 'last' when the validation split is the test set (Text with
+  # data.val='test'), else 'best_val' (lra/metrics.py).
+  c.select = ''
 
   # Peak learning rate.
   c.learning_rate = 0.05
@@ -88,7 +94,9 @@ def get_base_config():
   m.dropout_rate = 0.1
   # Dropout on attention weights (cores that have explicit weights).
   m.attention_dropout_rate = 0.1
-  # Pooling for classification: 'cls' (prepended token), 'mean' or 'max'.
+  # Pooling for classification: 'cls' (a prepended CLS token), 'mean', 'max'
+  # or 'first' (the first input token, no CLS: the reference's Retrieval
+  # dual encoder).
   m.pooling = 'cls'
   # Absolute positions: 'sinusoidal', 'learned' or 'none'.
   m.positions = 'sinusoidal'
@@ -100,6 +108,17 @@ def get_base_config():
   # Feed-forward applied to the sequence in this many chunks along the length
   # (less memory, same result).
   m.ffn_chunks = 1
+  # Segment length s of the segment-recurrent encoder (models/recurrent.py),
+  # used by the recurrent cores only (transformer_xl,
+  # compressive_transformer): the input (with its CLS) is cut into segments
+  # of s tokens, run in order, each layer keeping a memory of the previous
+  # ones; an input shorter than s is one segment.
+  m.segment_length = 512
+  # Recompute each segment's activations in the backward pass (one
+  # jax.checkpoint per segment; the memory is a stop-gradient, so nothing
+  # else is lost): the recurrent models' training memory drops about 5x at
+  # 4K for about 25% more time per step.
+  m.segment_remat = False
   return c
 
 
@@ -161,6 +180,9 @@ def apply_smoke(c, max_length=64):
   c.model.update(
     dict(num_layers=1, emb_dim=16, qkv_dim=16, num_heads=2, mlp_dim=32)
   )
+  # Several segments (64 tokens + CLS: 4 of 16 and one of 1), so the
+  # recurrent models' smoke runs exercise their memory.
+  c.model.segment_length = 16
 
 
 def finalize(c, presets):

@@ -14,7 +14,8 @@ positions, evaluation every epoch), then each model's tuned architecture
 from its <model>_base.py (configs/models.py). Splits as the reference's TFDS
 `train[:90%]` / `train[90%:]` / `test`; gray levels as its
 tf.image.rgb_to_grayscale (lra/image.py). Fixed here: black pixels (0) are
-pixels, not padding (the reference masked them out of attention).
+pixels, not padding (the reference masked them out of attention;
+--config.data.black_is_padding=true restores that).
 
 Paper test accuracy (LRA Table 1, %): transformer 42.44, local 41.46,
 sparse_transformer 44.24, longformer 42.22, linformer 38.56, reformer 38.07,
@@ -40,6 +41,10 @@ def get_config(arg=None):
   # (cifar-10-batches-py/ unpacked) or 'tfds' (tensorflow_datasets/cifar10/
   # prepared files). The validation images depend on the source's order.
   c.data.source = 'auto'
+  # True reproduces the reference, which treated black pixels (0) as padding:
+  # masked out of attention (key padding) and out of mean/max pooling. False
+  # (ours): every pixel is a real token.
+  c.data.black_is_padding = False
   c.max_length = 1024
   c.batch_size = 256
   c.num_train_steps = 35000

@@ -26,6 +26,32 @@ MODELS = {
   'linear_transformer': {'name': 'linear_transformer'},
   'performer': {'name': 'performer'},
   'reformer': {'name': 'reformer'},
+  # Segment recurrence (models/recurrent.py, model.segment_length): memory of
+  # the previous segment (Transformer-XL), plus a compressed older memory
+  # (Compressive Transformer). Both use relative positions (MODEL_SETTINGS).
+  # Their options are listed so that flags can set them; 0 lengths mean the
+  # defaults (memory = segment length, compressed memory = memory).
+  'transformer_xl': {
+    'name': 'transformer_xl',
+    'memory_length': 0,
+    'causal': False,
+  },
+  'compressive_transformer': {
+    'name': 'compressive_transformer',
+    'memory_length': 0,
+    'causal': False,
+    'compressed_length': 0,
+    'compression_rate': 3,
+    'compression': 'conv1d',
+    'aux_loss_weight': 1.0,
+  },
+}
+
+# Model -> flattened settings outside `model.attention` that the model
+# implies, applied before the task's tuned overrides and the presets.
+MODEL_SETTINGS = {
+  'transformer_xl': {'model.positions': 'relative'},
+  'compressive_transformer': {'model.positions': 'relative'},
 }
 
 # (task, model) -> flattened overrides, the reference harness's per-model
@@ -117,6 +143,8 @@ def apply_model(c, model_name):
   c.model.attention = ml_collections.ConfigDict(dict(MODELS[model_name]))
   if MODELS[model_name].get('implementation') == 'fused':
     c.model.attention_dropout_rate = 0.0
+  for key, value in MODEL_SETTINGS.get(model_name, {}).items():
+    _set_flat(c, key, value)
   for key, value in TASK_OVERRIDES.get((c.task, model_name), {}).items():
     _set_flat(c, key, value)
 

@@ -15,8 +15,13 @@ positions). As in the reference, warmup (8,000) outlasts training (5,000),
 so the learning rate only ever rises. Fixed here: the two documents are
 encoded separately by one shared encoder and classified from [u, v, u * v,
 u - v], as the paper describes (the reference trainer built a single-input
-encoder); the task's two inputs select the dual head. Validation is the
-release's eval file (18,090 pairs).
+encoder); the task's two inputs select the dual head, the reference's
+classifier_head_dual: Dense(mlp) -> ReLU -> Dense(mlp / 2) -> ReLU ->
+Dense(2). Changed here: each document gets a prepended CLS token, pooled
+(as every other task's CLS pooling); the reference's dual encoder prepended
+none and pooled the document's first byte: `--config.model.pooling=first`
+does that. Validation is the release's eval file (18,090 pairs), every 500
+steps (the reference: every 100).
 
 Paper test accuracy (LRA Table 1, %): transformer 57.46, local 53.39,
 sparse_transformer 59.59, longformer 56.89, linformer 52.27, reformer 53.40,

@@ -7,6 +7,11 @@ sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
 With a 'ceiling' row (benchmark.py --ceiling: attention 'none', no token
 mixing), benchmark.md notes it and adds two tables: each model's steps/s as
 a fraction of the ceiling's, and its memory as a multiple of the ceiling's.
+
+The paper's Table 2 ran batch 32 split over 16 TPU v3 chips (4 x 4, about 2
+examples per chip) and gave memory per chip; benchmark.md and the plots'
+titles say so beside this run's machine, preset and batch, since only the
+ratios to the transformer compare across the two.
 """
 
 import os
@@ -15,6 +20,26 @@ from lra.report import paper
 
 # The model name of benchmark.py --ceiling's row.
 CEILING = 'ceiling'
+
+
+# The paper's Table 2 setting (Tay et al. 2021, section 4.2).
+PAPER_BATCH, PAPER_CHIPS = 32, 16
+
+
+def setup(row):
+  """'2 x cpu (cpu backend), preset cpu, batch 2 (1 per device)'."""
+  n = row['device_count'] or 1
+  return (
+    f'{n} x {row["device_kind"]} ({row["backend"]} backend), preset '
+    f'{row["preset"]}, batch {row["batch_size"]} '
+    f'({row["batch_size"] / n:g} per device)'
+  )
+
+
+PAPER_SETUP = (
+  f'paper: batch {PAPER_BATCH} over {PAPER_CHIPS} TPU v3 chips '
+  f'(~{PAPER_BATCH // PAPER_CHIPS} per chip), memory per chip'
+)
 
 
 def _length_name(n):
@@ -119,6 +144,7 @@ def markdown(rows, seconds=None, load=None):
   lines = [
     '## LRA speed and memory (Table 2 layout)',
     '',
+    f'Setup: {setup(first)}.',
     f'Machine: {first["device_count"]} x {first["device_kind"]} '
     f'({first["backend"]} backend), {os.cpu_count()} CPU cores{load}; jax '
     f'{first["jax_version"]}, flax {first["flax_version"]}{took}.',
@@ -142,6 +168,14 @@ def markdown(rows, seconds=None, load=None):
     'ratio to `transformer`.',
     '*paper*: LRA Table 2 (Tay et al. 2021; Text, batch 32, 4x4 TPU v3, '
     'peak memory per device in GB).',
+    f"Not the same setting: the paper's batch of {PAPER_BATCH} was split "
+    f'over {PAPER_CHIPS} TPU v3 chips (about {PAPER_BATCH // PAPER_CHIPS} '
+    'examples per chip, 1 per TensorCore) and its memory is per device, '
+    f'while this run holds {first["batch_size"]} example(s) per step on '
+    f'{first["device_count"]} device(s): absolute steps/s and GB do not '
+    'compare with the paper, only the ratios to `transformer` do. '
+    f'`--batch_size {PAPER_BATCH // PAPER_CHIPS}` on one device holds what '
+    'one of its chips held (`--batch_size 1`: one TensorCore).',
     '',
   ]
   if CEILING in models:
@@ -181,7 +215,8 @@ def markdown(rows, seconds=None, load=None):
 
 
 def plot(rows, value, ylabel, path):
-  """One line per model against length, both axes logarithmic."""
+  """One line per model against length, both axes logarithmic; the title
+  gives the machine, preset and batch, and the paper's setting."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -212,6 +247,10 @@ def plot(rows, value, ylabel, path):
   ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f'{y:g}'))
   ax.set_xlabel('sequence length')
   ax.set_ylabel(ylabel)
+  ax.set_title(
+    f'{setup(rows[0])}\n{PAPER_SETUP}: compare ratios to transformer only',
+    fontsize=8,
+  )
   ax.grid(True, alpha=0.3)
   if ax.lines:
     ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.0, 0.5))

@@ -1,7 +1,11 @@
-"""metrics.jsonl (one JSON object per line) and results.json."""
+"""metrics.jsonl (one JSON object per line), results.json and the model
+selection that decides which of its test numbers a run reports."""
 
 import json
 import os
+import time
+
+from lra.errors import UserError
 
 
 class MetricsLog:
@@ -26,6 +30,31 @@ class MetricsLog:
     return row
 
 
+class StepTimer:
+  """Training steps per second over stretches of training only.
+
+  `resume(step)` starts a stretch once `step` is done and whatever is not
+  training (compiling the first step, an evaluation, a checkpoint) is over;
+  `rate(step)` ends it at `step`, after that step's metrics came back from
+  the device (so its work is finished), returns the stretch's steps/s (None
+  when no step was timed) and starts the next stretch there.
+  """
+
+  def __init__(self):
+    self.step = self.start = None
+
+  def resume(self, step):
+    self.step, self.start = step, time.perf_counter()
+
+  def rate(self, step):
+    if self.step is None or step <= self.step:
+      return None
+    now = time.perf_counter()
+    rate = (step - self.step) / max(now - self.start, 1e-9)
+    self.step, self.start = step, now
+    return rate
+
+
 def read_rows(path):
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -36,3 +65,52 @@ def write_json(path, obj):
   with open(tmp, 'w') as f:
     json.dump(obj, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
+
+
+# ------------------------------------------------------- model selection
+# Which checkpoint's test accuracy a run reports (config.select):
+#   'best_val'  the checkpoint with the best validation accuracy (results
+#               'test'); honest only when validation is not the test set;
+#   'last'      the final step's checkpoint (results 'test_last'), as the
+#               LRA reference reported (it tested the last checkpoint).
+#   ''          automatic: 'last' when the validation split is the test set
+#               (Text with data.val='test', as the reference), else
+#               'best_val'.
+SELECTIONS = ('best_val', 'last')
+# The results.json key holding each selection's test metrics.
+SELECTED_KEY = {'best_val': 'test', 'last': 'test_last'}
+
+
+def val_is_test(config):
+  """True when the run validates on its test set: only Text with
+  data.val='test' (the reference's setting; IMDB has no validation split).
+  ListOps, Retrieval, Image and Pathfinder have their own validation split
+  (the release's val / eval files, CIFAR's train[90%:], 10% of Pathfinder's
+  images)."""
+  return config['task'] == 'text' and config['data'].get('val') == 'test'
+
+
+def selection(config):
+  """config.select resolved: 'best_val' or 'last'; one sentence if bad."""
+  select = config.get('select', '')
+  if select == '':
+    return 'last' if val_is_test(config) else 'best_val'
+  if select not in SELECTIONS:
+    raise UserError(
+      f'--config.select={select} is not a model selection; use best_val '
+      "(the best-validation checkpoint), last (the final step's, as the LRA "
+      "reference) or '' (last when validation is the test set, else "
+      'best_val).'
+    )
+  return select
+
+
+def flatten(tree, prefix=''):
+  """{'model.num_layers': 4, ...} of a nested dict (empty dicts kept)."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out

@@ -2,11 +2,14 @@ r"""Pathfinder and Path-X (LRA): do the two markers lie on one dashed path?
 
 Images of dashed curves ('snakes'), two of them marked with a disc each;
 label 1 when the markers are the two ends of one snake, 0 when they sit on
-two different snakes. The model reads the image as a sequence of
-resolution**2 gray pixels (row-major, 0..255; 0 is a black pixel, not
-padding). LRA's Pathfinder is 32 x 32 (1,024 tokens); Path-X is the same
-task at 128 x 128 (16,384 tokens). Both tasks ('pathfinder', 'pathx') use
-this module; they differ only in their configs.
+two different snakes. lra/pathfinder_gen.py generates them as the original
+generator did for the LRA release (its statistics match: `--stats`). The
+model reads the image as a sequence of resolution**2 gray pixels
+(row-major, 0..255; 0 is a black pixel, not padding, unless
+data.black_is_padding, as the reference). LRA's Pathfinder is 32 x 32
+(1,024 tokens); Path-X is the same task at 128 x 128 (16,384 tokens). Both
+tasks ('pathfinder', 'pathx') use this module; they differ only in their
+configs.
 
 Data options (the config's `data` block):
   resolution    32, 64, 128 or 256.
@@ -21,10 +24,14 @@ Data options (the config's `data` block):
   variant       optional shorthand ('full', 'small', 'smoke') for the
                 difficulty and size of the config presets.
   workers       generator processes (default: the CPUs, at most 8).
+  black_is_padding  read by the model builder, not here: True masks pixel
+                0 as padding, as the reference (key padding, pooling).
 
 Release files: LRA's lra_release.gz (https://storage.googleapis.com/
 long-range-arena/lra_release.gz) holds lra_release/pathfinder{32,64,128,256}/
-curv_contour_length_{6,9,14}/{imgs/<k>/sample_<i>.png, metadata/<k>.npy}.
+<folder>/{imgs/<k>/sample_<i>.png, metadata/<k>.npy}, one folder per
+difficulty: curv_baseline (easy), curv_contour_length_9 (intermediate),
+curv_contour_length_14 (hard).
 Move the folder of your resolution under the task's data folder:
   lra_release/pathfinder32  -> <data_dir>/pathfinder/release/pathfinder32
   lra_release/pathfinder128 -> <data_dir>/pathx/release/pathfinder128
@@ -33,15 +40,19 @@ despite its name, one image per line: `imgs/<k> sample_<i>.png <index>
 <label> ...`. Unreadable images are skipped and counted; the images are
 shuffled with the seed and split 80/10/10 (num_examples is ignored).
 
-Cache: `<data_dir>/<task>/<resolution>_<difficulty>[_n<N>][_seed<S>]` (or
-`..._release` for source='release'): inputs uint8 [N, resolution**2],
-labels int32. The splits are written row by row into memory-mapped files,
-so Path-X (3.3 GB) never sits in memory. With source='auto' the cache keeps
-what was found the first time; delete it to switch.
+Cache: `<data_dir>/<task>/<resolution>_<difficulty>_v<G>[_n<N>][_seed<S>]`
+for generated images (G: the generator's VERSION; caches of an older
+generator, e.g. `32_hard`, are never reused and may be deleted),
+`<resolution>_<difficulty>_release[_seed<S>]` for the
+release files (also when source='auto' found them): inputs uint8 [N,
+resolution**2], labels int32. The splits are written row by row into
+memory-mapped files, so Path-X (3.3 GB) never sits in memory.
 
   python -m lra.prepare pathfinder                  # 32 px, hard, 200k
   python -m lra.pathfinder --examples docs/pathfinder_examples.png
   python -m lra.pathfinder --rate 32                # images/s of this CPU
+  python -m lra.pathfinder --stats --difficulty easy  # image statistics,
+      # beside the release's when its folder is under the data dir
 """
 
 import argparse
@@ -71,8 +82,16 @@ OPTIONS = (
   'seed',
   'variant',
   'workers',
+  'black_is_padding',  # read by the model builder, not by the data
 )
 SOURCES = ('auto', 'generate', 'release')
+# The release's folder per difficulty (lra_benchmarks/data/pathfinder.py):
+# the 6-paddle set is the generator's baseline condition.
+RELEASE_FOLDERS = {
+  'easy': 'curv_baseline',
+  'intermediate': 'curv_contour_length_9',
+  'hard': 'curv_contour_length_14',
+}
 FULL_SIZE = 200_000
 # Shorthands for the presets' data (explicit options win).
 VARIANTS = {
@@ -126,15 +145,28 @@ def _options(options):
   return o
 
 
+def resolve(options, data_dir):
+  """source='auto' becomes 'release' when the release folder of these
+  options is under data_dir, else 'generate' (see lra/tasks.py)."""
+  o = _options(options)
+  if o['source'] != 'auto':
+    return options
+  found = release_dir(data_dir, o['resolution'], o['difficulty'])
+  return {**options, 'source': 'release' if found else 'generate'}
+
+
 def cache_name(options):
-  """'32_hard'; '_n<N>' and '_seed<S>' when not the defaults, '_release'
-  when the release files are asked for explicitly."""
+  """'32_hard_v2' for generated images (v: the generator's VERSION, so a
+  cache of another generator is never reused), '_n<N>' and '_seed<S>' when
+  not the defaults; '32_hard_release' (never '_n<N>') for the release."""
   o = _options(options)
   name = f'{o["resolution"]}_{o["difficulty"]}'
   if o['source'] == 'release':
     name += '_release'
-  elif o['num_examples'] != FULL_SIZE:
-    name += f'_n{o["num_examples"]}'
+  else:
+    name += f'_v{gen.VERSION}'
+    if o['num_examples'] != FULL_SIZE:
+      name += f'_n{o["num_examples"]}'
   return name + (f'_seed{o["seed"]}' if o['seed'] else '')
 
 
@@ -301,6 +333,7 @@ def _prepare_generated(cache_dir, o, progress):
   return dict(
     source='generated',
     seed=seed,
+    generator_version=gen.VERSION,
     params=dataclasses.asdict(gen.RESOLUTIONS[res]),
     images_per_second=round(o['num_examples'] / max(seconds, 1e-9), 1),
     counts=dict(zip(cache.SPLITS, sizes)),
@@ -316,10 +349,7 @@ def release_dir(data_dir, resolution, difficulty):
   tasks = (
     ('pathx', 'pathfinder') if resolution >= 128 else ('pathfinder', 'pathx')
   )
-  sub = os.path.join(
-    f'pathfinder{resolution}',
-    f'curv_contour_length_{gen.CONTOUR_LENGTHS[difficulty]}',
-  )
+  sub = os.path.join(f'pathfinder{resolution}', RELEASE_FOLDERS[difficulty])
   for t in tasks:
     path = os.path.join(data_dir, t, 'release', sub)
     if os.path.isdir(os.path.join(path, 'metadata')):
@@ -470,11 +500,11 @@ def prepare(cache_dir, data_dir, options, progress):
   start = time.time()
   use_release = o['source'] == 'release' or (o['source'] == 'auto' and root)
   if use_release and root is None:
-    length = gen.CONTOUR_LENGTHS[difficulty]
+    folder = RELEASE_FOLDERS[difficulty]
     task = 'pathx' if res >= 128 else 'pathfinder'
     raise UserError(
       f'Pathfinder release files not found: expected {data_dir}/{task}/'
-      f'release/pathfinder{res}/curv_contour_length_{length}/metadata; '
+      f'release/pathfinder{res}/{folder}/metadata; '
       f'extract lra_release.gz and move lra_release/pathfinder{res} to '
       f"{data_dir}/{task}/release/, or set data.source='generate'."
     )
@@ -547,6 +577,150 @@ def measure_rate(resolution, num, difficulty='hard', workers=0):
   return num / (time.time() - start)
 
 
+# ---------------------------------------------------------------- statistics
+
+HIST_BINS = 8  # histogram of nonzero intensities: bins of 32 gray levels
+
+
+def detect_markers(images):
+  """[n, 2, 2] (row, column): the two brightest 3 x 3 blobs of each image
+  [n, res, res] (a marker is a disc, a paddle a thin line); the second at
+  least 3 px from the first."""
+  x = images.astype(np.int32)
+  n, res = x.shape[0], x.shape[1]
+  pad = np.pad(x, ((0, 0), (1, 1), (1, 1)))
+  box = sum(
+    pad[:, i : i + res, j : j + res] for i in range(3) for j in range(3)
+  )
+  out = np.zeros((n, 2, 2), np.int64)
+  yy, xx = np.mgrid[:res, :res]
+  for k in range(2):
+    flat = box.reshape(n, -1).argmax(1)
+    out[:, k] = np.stack([flat // res, flat % res], 1)
+    near = (np.abs(yy - out[:, k, 0, None, None]) < 3) & (
+      np.abs(xx - out[:, k, 1, None, None]) < 3
+    )
+    box = np.where(near, -1, box)
+  return out
+
+
+def distance_auc(ends, labels):
+  """AUC of -(distance between the two markers) for label 1: 0.5 = the
+  distance tells nothing; 1 = connected markers are always closer."""
+  d = np.hypot(*(ends[:, 0] - ends[:, 1]).T.astype(np.float64))
+  pos, neg = d[labels == 1], d[labels == 0]
+  if not len(pos) or not len(neg):
+    return float('nan')
+  less = (pos[:, None] < neg[None, :]).mean()
+  ties = (pos[:, None] == neg[None, :]).mean()
+  return float(less + ties / 2)
+
+
+def image_stats(images, labels, ends=None, distractors=None):
+  """Statistics of uint8 images [n, res, res] (dict of name -> value)."""
+  from scipy import ndimage  # a jax dependency; only --stats needs it
+
+  x = np.asarray(images)
+  labels = np.asarray(labels)
+  nonzero = x[x > 0]
+  hist = np.histogram(nonzero, HIST_BINS, (0, 256))[0] / max(len(nonzero), 1)
+  eight = np.ones((3, 3))
+  parts = {
+    t: np.mean([ndimage.label(img > t, eight)[1] for img in x])
+    for t in (0, 128)
+  }
+  found = detect_markers(x)
+  out = {
+    'images': len(x),
+    'ink fraction (> 0)': float((x > 0).mean()),
+    'ink fraction (> 128)': float((x > 128).mean()),
+    'mean intensity': float(x.mean()),
+    'std intensity': float(x.std()),
+    'ink components (> 0)': float(parts[0]),
+    'ink components (> 128)': float(parts[128]),
+    'marker distance AUC (detected)': distance_auc(found, labels),
+  }
+  if ends is not None:
+    out['marker distance AUC (true)'] = distance_auc(ends, labels)
+    hit = (np.abs(np.sort(found, 1) - np.sort(ends, 1)) <= 1).all((1, 2))
+    out['markers detected within 1 px'] = float(hit.mean())
+  if distractors is not None:
+    out['distractor snakes placed'] = float(np.mean(distractors))
+    counts = np.bincount(distractors, minlength=1) / len(distractors)
+    out['distractor snakes placed: 0/1/2/3+'] = '/'.join(
+      f'{v:.2f}' for v in list(counts[:3]) + [counts[3:].sum()]
+    )
+  for b in range(HIST_BINS):
+    out[f'nonzero in {32 * b:3d}-{32 * b + 31:3d}'] = float(hist[b])
+  return out
+
+
+def generated_stats(resolution, difficulty, num, seed=0):
+  """image_stats of `num` generated images (labels alternate)."""
+  length = gen.CONTOUR_LENGTHS[difficulty]
+  labels = np.arange(num) % 2
+  geom = gen.chunk_geometry(num, resolution, length, seed, 0)
+  ends = gen.markers(geom, labels)
+  images = gen.render(geom, ends, resolution)
+  return image_stats(images, labels, ends, geom['distractors'])
+
+
+def release_stats(root, resolution, num, seed=0):
+  """image_stats of `num` release images drawn with the seed."""
+  entries = read_release_index(root)
+  order = np.random.default_rng(seed).permutation(len(entries))[:num]
+  images, labels = [], []
+  for i in order:
+    path, label, meta, line_no = entries[i]
+    pixels = _read_png(path, resolution, meta, line_no)
+    if pixels is not None:
+      images.append(pixels.reshape(resolution, resolution))
+      labels.append(label)
+  if not images:
+    raise UserError(f'No readable image under {root}; extract it again.')
+  return image_stats(np.stack(images), np.asarray(labels))
+
+
+def format_stats(columns):
+  """Text table of {column name: image_stats dict}, with text bars for the
+  histogram."""
+  names = list(columns)
+  keys = []
+  for c in columns.values():
+    keys += [k for k in c if k not in keys]
+  width = max(len(k) for k in keys) + 2
+  lines = [' ' * width + ''.join(f'{n:>22}' for n in names)]
+  for k in keys:
+    cells = []
+    for n in names:
+      v = columns[n].get(k, '-')
+      if isinstance(v, float) and k.startswith('nonzero'):
+        v = f'{v:5.3f} ' + '#' * int(round(v * 40))
+        cells.append(f'  {v:<20}')
+      elif isinstance(v, float):
+        cells.append(f'{v:>22.4g}')
+      else:
+        cells.append(f'{v!s:>22}')
+    lines.append(f'{k:<{width}}' + ''.join(cells))
+  return '\n'.join(lines)
+
+
+def stats_report(resolution, difficulty, num, seed=0, data_dir=None):
+  """The --stats text: generated images, and the release's when present."""
+  columns = {'generated': generated_stats(resolution, difficulty, num, seed)}
+  root = data_dir and release_dir(data_dir, resolution, difficulty)
+  if root:
+    columns['release'] = release_stats(root, resolution, num, seed)
+  title = (
+    f'Pathfinder {resolution} px, {difficulty} '
+    f'({gen.CONTOUR_LENGTHS[difficulty]} paddles per target), seed {seed}'
+  )
+  where = root or (
+    f'no release folder under {data_dir}' if data_dir else 'no data dir'
+  )
+  return f'{title}; release: {where}\n{format_stats(columns)}'
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
     prog='python -m lra.pathfinder', description=__doc__.split('\n')[0]
@@ -558,19 +732,54 @@ def main(argv=None):
     metavar='RES',
     help='measure generated images/s at this resolution',
   )
-  parser.add_argument('--num', type=int, default=8192, help='images for --rate')
+  parser.add_argument(
+    '--stats',
+    action='store_true',
+    help="print image statistics (and the release folder's, if present)",
+  )
+  parser.add_argument('--resolution', type=int, default=32, help='--stats')
+  parser.add_argument(
+    '--num', type=int, help='images for --rate (8192) or --stats (2000)'
+  )
   parser.add_argument('--difficulty', default='hard')
+  parser.add_argument('--seed', type=int, default=0, help='--stats')
+  parser.add_argument(
+    '--data_dir', help='--stats: where to look for the release'
+  )
   parser.add_argument('--workers', type=int, default=0)
   args = parser.parse_args(argv)
-  if args.examples:
-    save_examples(args.examples)
-    print(f'wrote {args.examples}')
-  if args.rate:
-    rate = measure_rate(args.rate, args.num, args.difficulty, args.workers)
-    print(
-      f'{args.rate} px {args.difficulty}: {rate:.1f} images/s with '
-      f'{args.workers} workers; 200,000 in {FULL_SIZE / rate / 60:.1f} min'
+  try:
+    o = _options(
+      dict(resolution=args.resolution, difficulty=args.difficulty, seed=0)
     )
+    if args.examples:
+      save_examples(args.examples)
+      print(f'wrote {args.examples}')
+    if args.rate:
+      num = args.num or 8192
+      rate = measure_rate(args.rate, num, o['difficulty'], args.workers)
+      print(
+        f'{args.rate} px {args.difficulty}: {rate:.1f} images/s with '
+        f'{args.workers} workers; 200,000 in {FULL_SIZE / rate / 60:.1f} min'
+      )
+    if args.stats:
+      if (args.num or 2000) < 2:
+        raise UserError('--num must be at least 2 for --stats; give more.')
+      from lra import tasks  # pylint: disable=g-import-not-at-top
+
+      data_dir = args.data_dir or tasks.default_data_dir()
+      print(
+        stats_report(
+          o['resolution'],
+          o['difficulty'],
+          args.num or 2000,
+          args.seed,
+          data_dir,
+        )
+      )
+  except UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
   return 0
 
 

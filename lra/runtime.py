@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from lra import batching, cache, checkpoints, steps, tasks
 from lra.errors import UserError
-from lra.metrics import write_json
+from lra.metrics import flatten, write_json
 
 # Config keys that may change between a run and its resumption.
 RESUMABLE_CHANGES = (
@@ -23,6 +23,7 @@ RESUMABLE_CHANGES = (
   'keep_checkpoints',
   'data_dir',
   'eval_batch_size',
+  'select',
 )
 # Optimiser settings that may change on resumption (e.g. after a non-finite
 # loss: a lower learning rate or clipping from the last good checkpoint on).
@@ -104,6 +105,25 @@ def load_data(config, task, progress=True):
       ) from None
 
 
+def data_source(config, task):
+  """'generated' or 'release': whether the run's cache was generated here
+  (lra/listops.py, lra/pathfinder_gen.py) or converted from published files
+  (the LRA release, IMDB, CIFAR-10), from the cache's info.json; 'unknown'
+  when that file is missing."""
+  data_dir = config.data_dir or tasks.default_data_dir()
+  path = os.path.join(
+    task.cache_dir(data_dir, config.data.to_dict()), 'info.json'
+  )
+  try:
+    with open(path) as f:
+      info = json.load(f)
+  except (OSError, ValueError):
+    return 'unknown'
+  # Converted tasks (text, retrieval, image) record where they read from
+  # ('archive', 'folders', 'tfds' or nothing); only generators write this.
+  return 'generated' if info.get('source') == 'generated' else 'release'
+
+
 def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   inputs, labels = split_data
   size = config.eval_batch_size or config.batch_size
@@ -131,17 +151,6 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   return steps.finish(jax.device_get(total))
 
 
-def _leaves(tree, prefix=''):
-  """{'model.num_layers': 4, ...} of a nested dict."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict) and value:
-      out.update(_leaves(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
-
-
 def check_resume(config, workdir):
   """Compares the config with the run saved in `workdir` (when it has
   checkpoints); returns {leaf key: (old, new)} of the optimiser settings
@@ -154,7 +163,7 @@ def check_resume(config, workdir):
   with open(path) as f:
     old = json.load(f)
   old.pop(CHANGES_KEY, None)
-  old, new = _leaves(old), _leaves(json.loads(config.to_json()))
+  old, new = flatten(old), flatten(json.loads(config.to_json()))
   differ = sorted(
     k
     for k in set(old) | set(new)

@@ -11,6 +11,13 @@ A task module (lra/listops.py, lra/text.py, ...) provides two functions:
       whose sources are missing raises UserError naming the file to fetch and
       the exact place to put it.
 
+and may provide
+
+  resolve(options: dict, data_dir: str) -> dict
+      Settles the options that depend on the files under data_dir (Pathfinder
+      turns source='auto' into 'release' or 'generate'), so the cache name
+      says which data it holds.
+
 `options` is the task config's `data` block as a dict.
 """
 
@@ -41,13 +48,19 @@ class Task:
   def options(self, options):
     return {**dict(self.defaults), **options}
 
-  def cache_dir(self, data_dir, options):
+  def resolved(self, data_dir, options):
+    """The options with the defaults and the module's `resolve` applied."""
     options = self.options(options)
+    resolve = getattr(self._module(), 'resolve', None)
+    return resolve(options, data_dir) if resolve and data_dir else options
+
+  def cache_dir(self, data_dir, options):
+    options = self.resolved(data_dir, options)
     return os.path.join(data_dir, self.name, self._module().cache_name(options))
 
   def ensure_prepared(self, data_dir, options, progress=True):
     """Returns the cache dir, preparing it first if it is incomplete."""
-    options = self.options(options)
+    options = self.resolved(data_dir, options)
     path = self.cache_dir(data_dir, options)
     if not cache.is_complete(path):
       self._module().prepare(path, data_dir, options, progress)

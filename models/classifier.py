@@ -1,6 +1,8 @@
 """The LRA classifier and its builder: the one place a config becomes a model.
 
 One document: tokens [B, L] -> Encoder -> pool -> ClassifierHead.
+The encoder is the parallel Encoder, or the SegmentRecurrentEncoder
+(models/recurrent.py) when the attention core is `recurrent`.
 Two documents (retrieval): tokens [B, 2, L] -> the same Encoder on each
 (shared weights, one batched call) -> pool -> DualClassifierHead.
 Returns (logits [B, classes] float32, aux dict with 'aux_loss').
@@ -11,9 +13,11 @@ import jax
 import jax.numpy as jnp
 
 from lra.errors import UserError
+from models.attention.registry import get_core_class
 from models.encoder import Encoder
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
 from models.layers import as_dtype
+from models.recurrent import SegmentRecurrentEncoder
 
 
 class Classifier(nnx.Module):
@@ -33,7 +37,9 @@ class Classifier(nnx.Module):
       raise UserError(
         f'Unknown pooling {cfg.pooling!r}; use one of {", ".join(POOLINGS)}.'
       )
-    self.encoder = Encoder(
+    recurrent = get_core_class(cfg.attention['name']).recurrent
+    encoder = SegmentRecurrentEncoder if recurrent else Encoder
+    self.encoder = encoder(
       cfg,
       vocab_size=vocab_size,
       max_length=max_length,
@@ -66,12 +72,15 @@ def build_model(config, task, seed=None):
   """Builds the classifier for `task` (an lra.tasks.Task) from the config."""
   seed = config.seed if seed is None else seed
   rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0))
+  pad_id = task.pad_id
+  if config.data.get('black_is_padding', False):
+    pad_id = 0  # the LRA reference: black pixels masked as padding
   return Classifier(
     config.model,
     vocab_size=task.vocab_size,
     num_classes=task.num_classes,
     max_length=config.max_length,
-    pad_id=task.pad_id,
+    pad_id=pad_id,
     num_inputs=task.num_inputs,
     dtype=as_dtype(config.dtype),
     rngs=rngs,

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 
 from models.attention import Mask, build
 from models.attention.base import dropout, pad_to_multiple
-
+from models.attention.relative import with_relative
+from models.positions import check_rotary, pia_inputs, rotate
 
 # The LRA reference's initialisers for attention and feed-forward layers.
 XAVIER = nnx.initializers.xavier_uniform()
@@ -43,6 +44,8 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f'qkv_dim {qkv_dim} not divisible by {num_heads} heads')
     self.num_heads = num_heads
     self.head_dim = qkv_dim // num_heads
+    if positions == 'relative':  # owned by the core, or one sentence
+      attention = with_relative(attention)
     self.core = build(
       attention,
       num_heads=num_heads,
@@ -54,10 +57,8 @@ class MultiHeadAttention(nnx.Module):
       layer_index=layer_index,
     )
     self.positions = positions
-    if positions in ('pia', 'rotary'):
-      raise NotImplementedError(f'positions {positions!r}: pending')
-    if positions == 'relative':
-      raise NotImplementedError('positions relative: pending')
+    if positions == 'rotary':  # before training starts: one sentence
+      check_rotary(self.core, self.head_dim)
     # As the LRA reference: no bias, xavier_uniform kernels.
     linear = lambda i, o: nnx.Linear(  # noqa: E731
       i, o, use_bias=False, kernel_init=XAVIER, dtype=dtype, rngs=rngs
@@ -70,9 +71,16 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, x_BxLxE, mask, *, key=None, memory=None):
     b, length, _ = x_BxLxE.shape
     heads = lambda t: t.reshape(b, -1, self.num_heads, self.head_dim)  # noqa: E731
-    q_BxLxHxD = heads(self.query(x_BxLxE))
-    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(x_BxLxE))
+    # pia: positions 0 .. L-1 of this call's tokens on the query and key
+    # inputs only (models/positions.py); a memory passed to the core holds
+    # keys as they were projected (and rotated) in their own segment.
+    qk_BxLxE = pia_inputs(x_BxLxE) if self.positions == 'pia' else x_BxLxE
+    q_BxLxHxD = heads(self.query(qk_BxLxE))
+    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(qk_BxLxE))
     v_BxLxHxD = heads(self.value(x_BxLxE))
+    if self.positions == 'rotary':  # shared q/k: rotated once
+      q_BxLxHxD = rotate(q_BxLxHxD)
+      k_BxLxHxD = q_BxLxHxD if self.key is None else rotate(k_BxLxHxD)
     out_BxLxHxD, aux = self.core(
       q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, rngs=key, memory=memory
     )
@@ -122,22 +130,28 @@ class TransformerBlock(nnx.Module):
     self.dropout_rate = cfg.dropout_rate
     self.ffn_chunks = checked_ffn_chunks(cfg)
 
-  def __call__(self, x_BxLxE, mask: Mask, *, key=None):
+  def __call__(self, x_BxLxE, mask: Mask, *, key=None, memory=None):
+    """-> (x, aux); memory: a recurrent core's memory of the previous
+    segments, whose next state comes back in aux['memory']."""
     k_attn, k_drop, k_mlp = split_key(key, 3)
     h_BxLxE, aux = self.attention_branch(
-      x_BxLxE, mask, key=k_attn, dropout_key=k_drop
+      x_BxLxE, mask, key=k_attn, dropout_key=k_drop, memory=memory
     )
     x_BxLxE = x_BxLxE + h_BxLxE
     x_BxLxE = x_BxLxE + self.mlp_branch(x_BxLxE, key=k_mlp)
     return x_BxLxE, aux
 
-  def attention_branch(self, x_BxLxE, mask, *, key=None, dropout_key=None):
+  def attention_branch(
+    self, x_BxLxE, mask, *, key=None, dropout_key=None, memory=None
+  ):
     """dropout(attn(LN(x))) and the core's aux: the first residual branch.
 
     key: the attention core's call-time key; dropout_key: the residual
-    dropout's (None: deterministic).
+    dropout's (None: deterministic); memory: passed to the core.
     """
-    h_BxLxE, aux = self.attn(self.ln_attn(x_BxLxE), mask, key=key)
+    h_BxLxE, aux = self.attn(
+      self.ln_attn(x_BxLxE), mask, key=key, memory=memory
+    )
     return dropout(h_BxLxE, self.dropout_rate, dropout_key), aux
 
   def mlp_branch(self, x_BxLxE, *, key=None):

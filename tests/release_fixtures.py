@@ -8,6 +8,7 @@ reader must skip. `imdb_reviews`, `aan_rows` and `cifar_images` return the
 content, so tests can compute what the cache must hold.
 
   write_release_data(data_dir)  # text, retrieval and image, ready to train
+  write_pathfinder_release(data_dir, folder='curv_baseline')  # easy
 """
 
 import io
@@ -309,6 +310,41 @@ def write_tfds_cifar(folder, n_per_batch=16, version='3.0.2'):
         os.path.join(root, name), records[s * size : (s + 1) * size]
       )
   return root
+
+
+def pathfinder_images(n, res=32, seed=0):
+  """uint8 [n, res * res]: distinct sparse images (mostly black pixels)."""
+  rng = np.random.default_rng(seed)
+  images = rng.integers(1, 256, (n, res * res)).astype(np.uint8)
+  images[rng.random((n, res * res)) < 0.8] = 0
+  images[:, 0] = np.arange(n)  # distinct even when n is large
+  return images
+
+
+def write_pathfinder_release(
+  data_dir, task='pathfinder', res=32, folder='curv_contour_length_14', n=40
+):
+  """The Pathfinder release layout under `data_dir`/<task>/release/: one
+  difficulty folder (curv_baseline = easy, curv_contour_length_9 / _14)
+  with imgs/<k>/sample_<i>.png and metadata/<k>.npy TEXT files (one line
+  per image: `imgs/<k> sample_<i>.png <i> <label> ...`), images alternately
+  in k = 0 and 1, label i % 2. Returns (folder path, images [n, res**2])."""
+  root = os.path.join(data_dir, task, 'release', f'pathfinder{res}', folder)
+  images = pathfinder_images(n, res)
+  lines = {0: [], 1: []}
+  for i in range(n):
+    k = i % 2
+    os.makedirs(os.path.join(root, 'imgs', str(k)), exist_ok=True)
+    name = f'sample_{i}.png'
+    Image.fromarray(images[i].reshape(res, res)).save(
+      os.path.join(root, 'imgs', str(k), name)
+    )
+    lines[k].append(f'imgs/{k} {name} {i} {i % 2} 1.0 14 4 2 0.5 1 1')
+  os.makedirs(os.path.join(root, 'metadata'))
+  for k, rows in lines.items():
+    with open(os.path.join(root, 'metadata', f'{k}.npy'), 'w') as f:
+      f.write('\n'.join(rows) + '\n')
+  return root, images
 
 
 def write_release_data(data_dir):

@@ -25,6 +25,7 @@ import pytest
 from lra.errors import UserError
 from models.attention import Mask, known_cores
 from models.attention.registry import get_core_class
+from models.attention.relative import zero_positions
 
 B, L, H, D = 2, 37, 2, 8
 LENGTHS = (L, 20)
@@ -102,6 +103,15 @@ SUITE = {
     reference=reformer_reference,
     # bf16 rounding moves tokens near a bucket boundary to another bucket.
     bf16='exact',
+  ),
+  # The recurrent cores called without memory (one segment), with relative
+  # positions; zero W_R and u leave plain softmax. Their memory is
+  # tests/test_recurrent.py.
+  'transformer_xl': dict(
+    opts={'relative': True}, exact={'relative': True}, hook=zero_positions
+  ),
+  'compressive_transformer': dict(
+    opts={'relative': True}, exact={'relative': True}, hook=zero_positions
   ),
   'none': dict(opts={}, exact=None),  # the ceiling: no token mixing at all
 }

@@ -3,7 +3,6 @@
 No timing assertions: speeds on a shared CPU say nothing.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_fidelity import write_run
 
 import benchmark
 from configs import models as model_configs
@@ -59,6 +59,13 @@ def test_smoke_run_writes_table_json_and_plots(bench_dir):
   with open(os.path.join(bench_dir, 'benchmark.md')) as f:
     table = f.read()
   assert '| transformer | ' in table and '(1.0x)' in table
+  # The setting beside the paper's: machine, preset, batch; ratios only.
+  n = jax.device_count()
+  assert f'Setup: {n} x cpu (cpu backend), preset tiny, batch {max(2, n)} ' in (
+    table
+  )
+  assert 'over 16 TPU v3 chips' in table and '`--batch_size 2`' in table
+  assert 'only the ratios to `transformer` do' in table
 
 
 def test_table_marks_failed_cells_and_shows_paper_numbers():
@@ -146,16 +153,9 @@ def test_exact_softmax_core_memory_grows_quadratically():
   assert memory['peak'] > memory['temp'] > 0
 
 
-def _write_run(runs, name, task, model, accuracy):
-  os.makedirs(runs / name)
-  result = {
-    'task': task,
-    'model': model,
-    'best_step': 1,
-    'val': {'accuracy': accuracy},
-    'test': {'accuracy': accuracy},
-  }
-  (runs / name / 'results.json').write_text(json.dumps(result))
+def _write_run(runs, name, task, model, accuracy, **overrides):
+  """A run of the reference config (config.json + results.json)."""
+  write_run(runs, name, task, model, accuracy, preset='', **overrides)
 
 
 def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
@@ -163,12 +163,17 @@ def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
   _write_run(tmp_path, 'b', 'listops', 'transformer', 0.30)
   _write_run(tmp_path, 'c', 'text', 'transformer_fused', 0.62)
   _write_run(tmp_path, 'd', 'text', 'performer', 0.65)  # not benchmarked
+  # Another config of a benchmarked model: its own point, labelled.
+  _write_run(tmp_path, 'e', 'text', 'transformer', 0.5, max_length=64)
   points, length, relative, label = report.bubble_points(tmp_path, bench_dir)
   assert (length, relative) == (128, True)
   assert label == 'test accuracy (%), mean over text'  # the shared task
   by_model = {p[0]: p for p in points}
-  assert set(by_model) == set(MODELS)
+  assert set(by_model) == set(MODELS) | {'transformer [max_length=64]'}
   assert by_model['transformer'][1:3] == pytest.approx((60.0, 1.0))
+  assert by_model['transformer [max_length=64]'][1:3] == pytest.approx(
+    (50.0, 1.0)
+  )
   assert by_model['transformer_fused'][4] == ('text',)
   path = report.bubble_chart(tmp_path, bench_dir)
   assert path == os.path.join(bench_dir, 'lra_bubble.png')

@@ -124,7 +124,7 @@ CASES = [
   ),
   (
     'truncated_cache_prepare',
-    (*PREPARE, 'text', '--data_dir={bad_cache}', '--option=val=test'),
+    (*PREPARE, 'text', '--data_dir={bad_cache}', '--option=val=heldout'),
     '--force',
   ),
   # eval
@@ -188,9 +188,9 @@ def write_tsvs(folder, train_extra='', val_rows=3):
 
 
 def text_cache(data_dir):
-  """A small Text cache (val=test, as the smoke preset reads) with its
+  """A small Text cache (val=heldout, as the smoke preset reads) with its
   train inputs truncated."""
-  path = os.path.join(data_dir, 'text', 'val_test')
+  path = os.path.join(data_dir, 'text', 'val_heldout')
   rng = np.random.default_rng(0)
   for split in cache.SPLITS:
     inputs = rng.integers(1, 257, (16, 4000)).astype(np.int16)

@@ -71,16 +71,39 @@ def test_smoke_run_writes_the_contract_files(full_run):
   results = json.load(open(os.path.join(full_run, 'results.json')))
   assert results['task'] == 'listops' and results['model'] == 'transformer'
   assert results['preset'] == 'smoke'
+  # ListOps validates on its own split: the best-validation checkpoint is
+  # reported; the final step's test accuracy is kept beside it.
+  assert results['select'] == 'best_val' and results['last_step'] == 6
+  assert results['data_source'] == 'generated'
+  tests = {r['checkpoint']: r for r in rows if r['split'] == 'test'}
+  assert tests['best']['step'] == results['best_step']
+  assert tests['last']['step'] == 6
+  assert tests['last']['accuracy'] == results['test_last']['accuracy']
   table = accuracy_table(full_run)
   row = [ln for ln in table.splitlines() if '[smoke]' in ln][0]
   assert row.startswith('| transformer [smoke] | ')
-  assert f'{100 * results["test"]["accuracy"]:.2f} (36.37)' in row
+  # † : generated data, beside the paper's number.
+  assert f'{100 * results["test"]["accuracy"]:.2f} † (36.37)' in row
   assert results['test']['count'] == 64 and results['val']['count'] == 64
+  assert results['test_last']['count'] == 64
   best = [r for r in rows if r['split'] == 'val']
   assert results['best_step'] == max(best, key=lambda r: r['accuracy'])['step']
   assert os.listdir(os.path.join(full_run, 'checkpoints', 'latest'))
   config = json.load(open(os.path.join(full_run, 'config.json')))
   assert config['model']['attention']['name'] == 'softmax'
+
+
+def test_steps_per_second_counts_training_steps_only(full_run):
+  """Log every 2 steps, evaluate and save at 3 and 6: before the fix the
+  first entry held the compilation and the one after an evaluation held
+  it too (0.16, 103, 0.48, 80 steps/s). Now every entry times training
+  steps only, so they agree within load noise."""
+  rows = read_rows(os.path.join(full_run, 'metrics.jsonl'))
+  rates = {r['step']: r['steps_per_sec'] for r in rows if r['split'] == 'train'}
+  assert sorted(rates) == [2, 3, 4, 6]
+  assert all(r is not None and r > 0 for r in rates.values()), rates
+  # A compile or an evaluation costs seconds, a smoke step milliseconds.
+  assert max(rates.values()) < 50 * min(rates.values()), rates
 
 
 def test_killed_and_resumed_run_ends_exactly_like_uninterrupted(

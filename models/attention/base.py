@@ -48,6 +48,14 @@ class AttentionCore(nnx.Module):
   recurrent = False
   # Returns an auxiliary loss in aux['loss'].
   has_aux_loss = False
+  # How rotary positions apply (models/positions.py), checked once by
+  # MultiHeadAttention at construction: 'scores' (every logit is q_i . k_j
+  # of rotated vectors), 'features' (q, k rotated before a feature map whose
+  # kernel depends on q . k and the norms only), or None (refused, with
+  # rotary_refusal saying why). Every core declares it in its own class
+  # (tests/test_positions.py); an instance may narrow it from its options.
+  rotary = None
+  rotary_refusal = 'it declares no rotary capability'
 
   def __call__(
     self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, *, rngs=None, memory=None

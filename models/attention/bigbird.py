@@ -147,6 +147,7 @@ def middle_layout(seed, layer, num_heads, num_blocks, r):
 @register('bigbird')
 class BigBirdAttention(AttentionCore):
   supports_causal = True
+  rotary = 'scores'
 
   def __init__(
     self,

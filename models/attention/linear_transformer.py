@@ -40,6 +40,12 @@ def elu_features(x_BxLxHxD):
 @register('linear_transformer')
 class LinearTransformerAttention(AttentionCore):
   supports_causal = True
+  rotary = None
+  rotary_refusal = (
+    'its elu + 1 feature map acts per coordinate, so rotated q and k '
+    'give no offset-only scores (RoFormer eq. 19, rotation after the '
+    'map, is not implemented)'
+  )
 
   def __init__(
     self,

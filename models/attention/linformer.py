@@ -56,6 +56,11 @@ from models.attention.registry import register
 class LinformerAttention(AttentionCore):
   supports_causal = False
   needs_max_len = True
+  rotary = None
+  rotary_refusal = (
+    'its length projection mixes the keys of all positions into '
+    'slots that have no position'
+  )
 
   def __init__(
     self,

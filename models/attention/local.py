@@ -63,6 +63,7 @@ def check_self_attention(core, length_q, length_k):
 @register('local')
 class LocalAttention(AttentionCore):
   supports_causal = True
+  rotary = 'scores'
 
   def __init__(
     self,

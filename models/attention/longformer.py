@@ -82,6 +82,9 @@ SIDE_BLOCKS = 2
 @register('longformer')
 class LongformerAttention(AttentionCore):
   supports_causal = True  # only with global_tokens = 0, checked per call
+  # Global rows with global_projections: A_q, A_k act on rotated vectors
+  # (relative at initialisation, when they are the identity).
+  rotary = 'scores'
 
   def __init__(
     self,

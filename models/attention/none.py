@@ -27,6 +27,8 @@ from models.attention.registry import register
 @register('none')
 class NoAttention(AttentionCore):
   supports_causal = True
+  rotary = None
+  rotary_refusal = 'it forms no q.k scores (out = v)'
 
   def __init__(
     self,

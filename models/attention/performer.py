@@ -152,6 +152,9 @@ def relu_features(x_BxLxHxD, w_HxFxD):
 @register('performer')
 class PerformerAttention(AttentionCore):
   supports_causal = True
+  # Before the feature map: both kernels (exp and arc-cosine) are
+  # functions of q . k and the norms, so rotary in expectation.
+  rotary = 'features'
 
   def __init__(
     self,

@@ -72,6 +72,9 @@ EMPTY_LSE = -1e9
 class ReformerAttention(AttentionCore):
   supports_causal = True
   shared_qk = True
+  # Rotated once (shared q/k): hashing and the normalised keys see the
+  # rotated vectors, whose dot products are the rotary scores.
+  rotary = 'scores'
 
   def __init__(
     self,

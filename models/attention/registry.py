@@ -32,6 +32,8 @@ CORE_MODULES = (
   'linear_transformer',
   'performer',
   'reformer',
+  'transformer_xl',
+  'compressive_transformer',
   'none',
 )
 

@@ -122,6 +122,9 @@ def _positive_int(value, name, example):
 class SinkhornAttention(AttentionCore):
   supports_causal = False
   needs_max_len = True
+  # A sorted key is a P-weighted mixture of rotated keys: its logit is
+  # the same mixture of q.k scores (one score when P is a permutation).
+  rotary = 'scores'
 
   def __init__(
     self,

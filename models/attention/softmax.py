@@ -9,6 +9,10 @@ on GPU: O(L) memory). It is its own exact limit.
 Two implementations of one function:
   'einsum': explicit logits, as LRA measured it; supports attention dropout.
   'fused':  jax.nn.dot_product_attention; no attention dropout.
+
+`relative` (set by `model.positions='relative'`, einsum only): the logits
+are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
+(models/attention/relative.py); zero W_R and u give plain softmax back.
 """
 
 import jax
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 from lra.errors import UserError
 from models.attention.base import AttentionCore, dropout, visible_any_BxL
 from models.attention.registry import register
+from models.attention.relative import RelativePositions
 
 IMPLEMENTATIONS = ('einsum', 'fused')
 
@@ -24,6 +29,7 @@ IMPLEMENTATIONS = ('einsum', 'fused')
 @register('softmax')
 class SoftmaxAttention(AttentionCore):
   supports_causal = True
+  rotary = 'scores'
 
   def __init__(
     self,
@@ -36,8 +42,9 @@ class SoftmaxAttention(AttentionCore):
     rngs,
     layer_index=0,
     implementation='einsum',
+    relative=False,
   ):
-    del num_heads, max_length, rngs, layer_index
+    del max_length, layer_index
     if implementation not in IMPLEMENTATIONS:
       raise UserError(
         f'Unknown softmax implementation {implementation!r}; use one of '
@@ -48,6 +55,15 @@ class SoftmaxAttention(AttentionCore):
         'The fused softmax path has no attention dropout; set '
         '--config.model.attention_dropout_rate=0.'
       )
+    if relative and implementation == 'fused':
+      raise UserError(
+        'The fused softmax path has no relative positions; set '
+        '--config.model.attention.implementation=einsum or another '
+        '--config.model.positions.'
+      )
+    self.rel = (
+      RelativePositions(num_heads, head_dim, rngs=rngs) if relative else None
+    )
     self.implementation = implementation
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5
@@ -68,15 +84,18 @@ class SoftmaxAttention(AttentionCore):
     return out_BxLxHxD.astype(self.dtype), {}
 
   def _einsum(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, key):
-    logits_BxHxLxM = (
-      jnp.einsum(
-        'blhd,bmhd->bhlm',
-        q_BxLxHxD,
-        k_BxMxHxD,
-        preferred_element_type=jnp.float32,
+    if self.rel is not None:
+      logits_BxHxLxM = self.rel.logits(q_BxLxHxD, k_BxMxHxD) * self.scale
+    else:
+      logits_BxHxLxM = (
+        jnp.einsum(
+          'blhd,bmhd->bhlm',
+          q_BxLxHxD,
+          k_BxMxHxD,
+          preferred_element_type=jnp.float32,
+        )
+        * self.scale
       )
-      * self.scale
-    )
     allowed = dense_allowed(mask, q_BxLxHxD.shape[1], k_BxMxHxD.shape[1])
     if allowed is not None:
       logits_BxHxLxM = jnp.where(allowed, logits_BxHxLxM, -1e30)

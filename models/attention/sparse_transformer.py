@@ -225,6 +225,7 @@ def fixed(
 @register('sparse_transformer')
 class SparseTransformerAttention(AttentionCore):
   supports_causal = True
+  rotary = 'scores'
 
   def __init__(
     self,

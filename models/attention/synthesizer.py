@@ -78,6 +78,9 @@ MODES = ('random', 'factorized_random', 'dense')
 class SynthesizerAttention(AttentionCore):
   supports_causal = True
   needs_max_len = True
+  # Only the q.k term of mix_dot_product can be rotary (None otherwise,
+  # set in __init__); dense mode's MLP then reads the rotated q_i.
+  rotary = 'scores'
 
   def __init__(
     self,
@@ -112,6 +115,11 @@ class SynthesizerAttention(AttentionCore):
       )
     self.mode = mode
     self.mix_dot_product = mix_dot_product
+    if not mix_dot_product:
+      self.rotary = None
+      self.rotary_refusal = (
+        f'its {mode} logits form no q.k scores without mix_dot_product'
+      )
     self.max_length = max_length
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5

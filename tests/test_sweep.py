@@ -1,0 +1,275 @@
+"""python -m lra.sweep: runs, skips, failures, Ctrl-C and resume, --dry_run.
+
+One module fixture drives four sweeps of ListOps `smoke` into one folder
+(three train.py runs in all, plus one that fails at once):
+  1. transformer, local with --config.model.attention.block_size=50: the
+     transformer has no such option and fails; local trains (50 is its
+     default, so its config is the plain one);
+  2. local, transformer, no override: local is skipped, the transformer is
+     interrupted with SIGINT once it trains;
+  3. the same command: the transformer resumes from its checkpoint;
+  4. the same command: both are skipped.
+The resumed transformer is compared with conftest's uninterrupted smoke run
+of the same config.
+"""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from lra import sweep as lra_sweep
+from lra.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT_KEYS = ('best_step', 'val_accuracy', 'test_accuracy', 'steps_done')
+
+
+def sweep_command(*args):
+  return [sys.executable, '-m', 'lra.sweep', *args]
+
+
+def run_sweep(*args):
+  return subprocess.run(
+    sweep_command(*args),
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+
+
+def interrupt_sweep(*args, err_path):
+  """Starts a sweep, sends it SIGINT once train.py shows its progress bar
+  (its signal handler is set just after), returns (exit status, stdout)."""
+  with open(err_path, 'w') as err:
+    proc = subprocess.Popen(
+      sweep_command(*args), cwd=ROOT, stdout=subprocess.PIPE, stderr=err
+    )
+    seen, deadline = b'', time.monotonic() + 300
+    while b'train:' not in seen and time.monotonic() < deadline:
+      ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+      chunk = os.read(proc.stdout.fileno(), 4096) if ready else b''
+      if ready and not chunk:
+        break
+      seen += chunk
+    assert b'train:' in seen, seen.decode(errors='replace')
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+  return proc.returncode, (seen + rest).decode(errors='replace')
+
+
+def entries(out):
+  with open(os.path.join(out, 'sweep.json')) as f:
+    return {e['model']: e for e in json.load(f)['runs']}
+
+
+def read(path):
+  with open(path) as f:
+    return f.read()
+
+
+@pytest.fixture(scope='module')
+def swept(tmp_path_factory, smoke_data_dir):
+  out = str(tmp_path_factory.mktemp('sweep'))
+  common = (
+    '--tasks=listops',
+    '--preset=smoke',
+    f'--out={out}',
+    f'--config.data_dir={smoke_data_dir}',
+  )
+  s = types.SimpleNamespace(out=out, common=common)
+  s.first = run_sweep(
+    *common,
+    '--models=transformer,local',
+    '--config.model.attention.block_size=50',
+  )
+  s.first_runs = entries(out)
+  s.second_rc, s.second_out = interrupt_sweep(
+    *common, '--models=local,transformer', err_path=f'{out}.err'
+  )
+  s.second_runs = entries(out)
+  s.third = run_sweep(*common, '--models=local,transformer')
+  s.third_runs = entries(out)
+  s.third_table = read(os.path.join(out, 'table.md'))
+  s.fourth = run_sweep(*common, '--models=local,transformer')
+  s.fourth_runs = entries(out)
+  return s
+
+
+def test_failure_is_recorded_and_the_sweep_goes_on(swept):
+  assert swept.first.returncode == 1, swept.first.stderr[-2000:]
+  runs = swept.first_runs
+  failed, done = runs['transformer'], runs['local']
+  assert failed['status'] == 'failed' and failed['exit_status'] == 2
+  assert failed['message'].startswith("error: Unknown config key 'block_size'")
+  assert '--config.model.attention.block_size=50' in failed['command']
+  assert done['status'] == 'done' and done['exit_status'] == 0
+  with open(os.path.join(done['workdir'], 'results.json')) as f:
+    results = json.load(f)
+  assert done['test_accuracy'] == results['test']['accuracy']
+  assert done['best_step'] == results['best_step']
+  assert done['steps_done'] == done['num_train_steps'] == 6
+  assert done['wall_seconds'] > 0 and done['steps_per_sec'] > 0
+  assert done['workdir'] == os.path.join(swept.out, 'listops', 'local-smoke')
+  lines = swept.first.stdout.splitlines()
+  assert any(
+    ln.startswith('[1/2] listops/transformer-smoke: failed in') for ln in lines
+  )
+  assert any(
+    ln.startswith('[2/2] listops/local-smoke: done in') for ln in lines
+  )
+
+
+def test_interrupt_then_rerun_equals_an_uninterrupted_run(swept, smoke_run):
+  # 2: SIGINT reaches train.py once: it saves a checkpoint and stops.
+  assert swept.second_rc == 130, swept.second_out[-2000:]
+  stopped = swept.second_runs['transformer']
+  assert stopped['status'] == 'interrupted'
+  assert 1 <= stopped['steps_done'] < 6
+  assert stopped['message'].startswith('Interrupted; latest checkpoint')
+  assert swept.second_runs['local']['status'] == 'skipped'
+  # 3: the same command resumes it from that checkpoint.
+  assert swept.third.returncode == 0, swept.third.stderr[-2000:]
+  assert f'from step {stopped["steps_done"]}.' in swept.third.stdout
+  resumed = swept.third_runs['transformer']
+  assert resumed['status'] == 'done'
+  reference = lra_sweep.outcome(smoke_run)
+  assert {k: resumed[k] for k in RESULT_KEYS} == {
+    k: reference[k] for k in RESULT_KEYS
+  }
+  assert resumed['test_accuracy'] is not None
+  assert resumed['wall_seconds'] > stopped['wall_seconds']
+  for model in ('transformer', 'local'):
+    workdir = os.path.join(swept.out, 'listops', f'{model}-smoke')
+    assert os.path.exists(os.path.join(workdir, 'results.json'))
+  rows = [ln for ln in swept.third_table.splitlines() if ln.startswith('| ')]
+  assert any(ln.startswith('| transformer [smoke] |') for ln in rows)
+  assert any(ln.startswith('| local [smoke] |') for ln in rows)
+
+
+def test_second_invocation_skips_finished_runs(swept, tmp_path):
+  assert swept.fourth.returncode == 0, swept.fourth.stderr[-2000:]
+  assert 'running' not in swept.fourth.stdout
+  assert swept.fourth.stdout.count('skipped, already finished') == 2
+  for model in ('transformer', 'local'):
+    before, after = swept.third_runs[model], swept.fourth_runs[model]
+    assert after['status'] == 'skipped'
+    assert {k: after[k] for k in RESULT_KEYS} == {
+      k: before[k] for k in RESULT_KEYS
+    }
+    assert after['wall_seconds'] == before['wall_seconds']
+  assert read(os.path.join(swept.out, 'table.md')) == swept.third_table
+  # A dry run over it: both would be skipped; a third model has no rate.
+  empty = tmp_path / 'benchmark.json'
+  with open(empty, 'w') as f:
+    f.write('[]')
+  dry = run_sweep(
+    *swept.common,
+    '--models=local,transformer,linformer',
+    '--dry_run',
+    f'--bench={empty}',
+  )
+  assert dry.returncode == 0, dry.stderr
+  assert dry.stdout.count('finished, would be skipped') == 2
+  assert 'linformer-smoke: 6 steps, time unknown (linformer is not in' in (
+    dry.stdout
+  )
+
+
+def test_dry_run_estimates_from_a_benchmark(tmp_path):
+  # Cells of the smoke model's own size: the scale factor is 1.
+  cell = {
+    'status': 'ok',
+    'length': 64,
+    'sequence_length': 65,
+    'batch_size': 8,
+    'model_config': {
+      'num_layers': 1,
+      'emb_dim': 16,
+      'qkv_dim': 16,
+      'mlp_dim': 32,
+    },
+  }
+  bench = tmp_path / 'bench'
+  bench.mkdir()
+  (bench / 'benchmark.json').write_text(
+    json.dumps(
+      [
+        {**cell, 'model': 'transformer', 'steps_per_sec': 10.0},
+        {**cell, 'model': 'local', 'steps_per_sec': 20.0},
+        {
+          **cell,
+          'model': 'local',
+          'length': 4096,
+          'sequence_length': 4097,
+          'steps_per_sec': 0.5,
+        },
+        {**cell, 'model': 'linformer', 'status': 'OOM', 'steps_per_sec': None},
+      ]
+    )
+  )
+  out = tmp_path / 'sweep'
+  proc = run_sweep(
+    '--tasks=listops',
+    '--models=transformer,local,linformer',
+    '--preset=smoke',
+    f'--out={out}',
+    '--config.num_train_steps=600',
+    '--dry_run',
+    f'--bench={bench}',
+  )
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  commands = [ln.strip() for ln in lines if 'train.py' in ln]
+  assert len(commands) == 3
+  assert commands[1] == (
+    'python train.py --config configs/listops.py:local,smoke --workdir '
+    f'{out}/listops/local-smoke --config.num_train_steps=600'
+  )
+  assert f'{bench}/benchmark.json' in lines[0]
+  assert 'transformer-smoke: about 1m 00s (600 steps at 10 steps/s' in (
+    proc.stdout
+  )
+  assert 'local-smoke: about 30s (600 steps at 20 steps/s' in proc.stdout
+  assert 'linformer-smoke: 600 steps, time unknown (linformer is not in' in (
+    proc.stdout
+  )
+  assert lines[-1] == 'Total: about 1m 30s for 2 runs (1 unknown).'
+  assert not out.exists()
+
+
+def test_unknown_names_are_one_sentence(tmp_path):
+  proc = run_sweep('--tasks=listopz', '--models=all', f'--out={tmp_path}')
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+    "error: Unknown name 'listopz' in --tasks; valid: all, listops, text, "
+    'retrieval, image, pathfinder, pathx.'
+  ]
+  with pytest.raises(UserError, match=r"'performr' in --models; valid: all, "):
+    lra_sweep.plan('listops', 'transformer,performr', 'small', 'x')
+  with pytest.raises(UserError, match='leaves nothing to run'):
+    lra_sweep.plan('listops', 'local,-local', 'small', 'x')
+  with pytest.raises(UserError, match="preset 'big' in --preset; valid: none"):
+    lra_sweep.plan('listops', 'all', 'big', 'x')
+  runs = lra_sweep.plan('listops,pathfinder', 'all,-transformer_fused', '', 'o')
+  assert len(runs) == 2 * (len(lra_sweep.model_configs.MODELS) - 1)
+  assert runs[0].workdir == os.path.join('o', 'listops', 'transformer')
+
+
+def test_error_line():
+  tail = 'val:  12%|#  | 1/8\r\nerror: Bad thing; fix it.\n\rtest: 0%|\n'
+  assert lra_sweep.error_line(tail, 2) == 'error: Bad thing; fix it.'
+  assert lra_sweep.error_line('train: 3/6\r', -9) == (
+    'killed by SIGKILL (out of memory?)'
+  )
+  assert lra_sweep.error_line('Traceback\n  x\nValueError: no\n', 1) == (
+    'ValueError: no'
+  )
