@@ -68,7 +68,11 @@ class MultiHeadAttention(nnx.Module):
     self.value = linear(emb_dim, qkv_dim)
     self.out = linear(qkv_dim, emb_dim)
 
-  def __call__(self, x_BxLxE, mask, *, key=None, memory=None):
+  def __call__(self, x_BxLxE, mask, *, key=None, memory=None, offset=0):
+    """offset: the position of x's first token under rotary positions (a
+    recurrent encoder passes its segment's start, so cached keys and the
+    current ones are rotated by their true positions: the scores see true
+    offsets across segments)."""
     b, length, _ = x_BxLxE.shape
     heads = lambda t: t.reshape(b, -1, self.num_heads, self.head_dim)  # noqa: E731
     # pia: positions 0 .. L-1 of this call's tokens on the query and key
@@ -79,8 +83,8 @@ class MultiHeadAttention(nnx.Module):
     k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(qk_BxLxE))
     v_BxLxHxD = heads(self.value(x_BxLxE))
     if self.positions == 'rotary':  # shared q/k: rotated once
-      q_BxLxHxD = rotate(q_BxLxHxD)
-      k_BxLxHxD = q_BxLxHxD if self.key is None else rotate(k_BxLxHxD)
+      q_BxLxHxD = rotate(q_BxLxHxD, offset)
+      k_BxLxHxD = q_BxLxHxD if self.key is None else rotate(k_BxLxHxD, offset)
     out_BxLxHxD, aux = self.core(
       q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, rngs=key, memory=memory
     )
@@ -130,19 +134,25 @@ class TransformerBlock(nnx.Module):
     self.dropout_rate = cfg.dropout_rate
     self.ffn_chunks = checked_ffn_chunks(cfg)
 
-  def __call__(self, x_BxLxE, mask: Mask, *, key=None, memory=None):
+  def __call__(self, x_BxLxE, mask: Mask, *, key=None, memory=None, offset=0):
     """-> (x, aux); memory: a recurrent core's memory of the previous
-    segments, whose next state comes back in aux['memory']."""
+    segments, whose next state comes back in aux['memory']; offset: the
+    segment's first position (rotary positions)."""
     k_attn, k_drop, k_mlp = split_key(key, 3)
     h_BxLxE, aux = self.attention_branch(
-      x_BxLxE, mask, key=k_attn, dropout_key=k_drop, memory=memory
+      x_BxLxE,
+      mask,
+      key=k_attn,
+      dropout_key=k_drop,
+      memory=memory,
+      offset=offset,
     )
     x_BxLxE = x_BxLxE + h_BxLxE
     x_BxLxE = x_BxLxE + self.mlp_branch(x_BxLxE, key=k_mlp)
     return x_BxLxE, aux
 
   def attention_branch(
-    self, x_BxLxE, mask, *, key=None, dropout_key=None, memory=None
+    self, x_BxLxE, mask, *, key=None, dropout_key=None, memory=None, offset=0
   ):
     """dropout(attn(LN(x))) and the core's aux: the first residual branch.
 
@@ -150,7 +160,7 @@ class TransformerBlock(nnx.Module):
     dropout's (None: deterministic); memory: passed to the core.
     """
     h_BxLxE, aux = self.attn(
-      self.ln_attn(x_BxLxE), mask, key=key, memory=memory
+      self.ln_attn(x_BxLxE), mask, key=key, memory=memory, offset=offset
     )
     return dropout(h_BxLxE, self.dropout_rate, dropout_key), aux
 

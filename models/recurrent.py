@@ -35,8 +35,11 @@ memory (the cores keep a validity flag per memory slot), so fully padded
 segments and the padding added to reach a multiple of s change no real
 output. Absolute positions ('sinusoidal', 'learned') are those of the whole
 input; 'relative' is the cores' own (offsets within [memory; segment]);
-'pia' and 'rotary' are applied per segment by MultiHeadAttention and
-restart at 0 in every segment (cached keys keep their segment's).
+'rotary' is applied by MultiHeadAttention at the tokens' positions in the
+whole input (segment t starts at t s), so a cached key keeps the rotation
+of its true position and q.k scores see true offsets across segments;
+'pia' restarts at 0 in every segment (Shortformer's per-window positions;
+cached keys keep their segment's).
 
 model.segment_remat wraps a segment's blocks in jax.checkpoint: the
 backward pass recomputes them from the segment's input and memory, so the
@@ -180,7 +183,9 @@ class SegmentRecurrentEncoder(nnx.Module):
       for block, memory, k in zip(
         blocks, memories, split_key(seg_key, num_layers)
       ):
-        x_BxCxE, aux = block(x_BxCxE, mask, key=k, memory=memory)
+        x_BxCxE, aux = block(
+          x_BxCxE, mask, key=k, memory=memory, offset=index * s
+        )
         new.append(aux['memory'])
         aux_loss = aux_loss + aux.get('loss', 0.0)
       return (tuple(new), aux_loss), x_BxCxE

@@ -31,6 +31,7 @@ from models.attention.memory import compiled_memory
 from models.classifier import build_model
 from models.encoder import Encoder
 from models.layers import TransformerBlock
+from models.positions import rotate
 from models.recurrent import SegmentRecurrentEncoder
 import train
 
@@ -244,6 +245,51 @@ def test_xl_recurrence_equals_banded_pass_at_every_layer(xl_blocks):
   want = banded_pass(xl_blocks, x, pad)
   for n, (g, w) in enumerate(zip(got, want)):
     np.testing.assert_allclose(np.asarray(g), w, atol=1e-5, err_msg=str(n))
+
+
+def test_rotary_recurrence_sees_true_offsets_across_segments():
+  """Under rotary positions the recurrent encoder passes each segment's
+  start as the rotation offset, so XL (relative off) with memory equals one
+  softmax pass over the concatenation with the banded mask and q, k rotated
+  at their positions in the whole input."""
+  cfg = smoke_config(**{'model.positions': 'rotary'}).model
+  blk = TransformerBlock(
+    cfg, max_length=C, dtype=jnp.float32, rngs=nnx.Rngs(1), layer_index=0
+  )
+  x = jax.random.normal(jax.random.key(2), (B, 3 * C, 16))
+  pad = jnp.concatenate(
+    [padding((C, C), C), padding((C, 2), C), padding((C, 0), C)], 1
+  )
+  memory = blk.attn.core.initial_memory(B, C, jnp.float32)
+  got = []
+  for t in range(3):
+    out, aux = blk.attn(
+      blk.ln_attn(x[:, t * C : (t + 1) * C]),
+      Mask(pad[:, t * C : (t + 1) * C], False),
+      memory=memory,
+      offset=t * C,
+    )
+    memory = aux['memory']
+    got.append(out)
+  a = blk.attn
+  h = blk.ln_attn(x)
+  q, k, v = (f(h).reshape(B, 3 * C, H, D) for f in (a.query, a.key, a.value))
+  q, k = rotate(q), rotate(k)
+  seg = np.arange(3 * C) // C
+  band = (seg[:, None] - seg[None, :] >= 0) & (seg[:, None] - seg[None, :] <= 1)
+  allowed = band[None, None] & np.asarray(pad)[:, None, None, :]
+  logits = np.einsum(
+    'blhd,bmhd->bhlm', np.float64(q), np.float64(k)
+  ) / np.sqrt(D)
+  logits = np.where(allowed, logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  w = np.where(allowed, w, 0)
+  w = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+  o = np.einsum('bhlm,bmhd->blhd', w, np.float64(v)).reshape(B, 3 * C, -1)
+  real = np.asarray(pad)[:, :, None]
+  want = np.where(real, np.asarray(a.out(jnp.asarray(o, jnp.float32))), 0)
+  got = np.where(real, np.asarray(jnp.concatenate(got, 1)), 0)
+  np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_memory_is_a_stop_gradient(xl_blocks):

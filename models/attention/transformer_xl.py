@@ -35,9 +35,10 @@ rather than its input hidden states (the core only sees projected heads).
 The forward pass is the same function, since the memory is rebuilt with the
 current weights for every example; the backward pass differs in that W_k
 and W_v get no gradient through the memory (the paper's stop-gradient is on
-the hidden states, so they do). Positions other than 'relative'
-(MultiHeadAttention's pia and rotary) restart in every segment: cached keys
-keep the positions of their own segment.
+the hidden states, so they do). Under 'rotary' positions
+MultiHeadAttention rotates q and k at their positions in the whole input, so
+cached keys keep their true positions; under 'pia' the positions restart in
+every segment (cached keys keep those of their own segment).
 """
 
 import jax
@@ -90,8 +91,8 @@ def content_attention(q_BxLxHxD, k_BxKxHxD, v_BxKxHxD, valid_BxK, scale):
 class TransformerXLAttention(AttentionCore):
   supports_causal = True
   recurrent = True
-  # Rotary (MultiHeadAttention) rotates each segment's q and k from
-  # position 0: cached keys keep their own segment's rotation.
+  # Rotary (MultiHeadAttention) rotates q and k at their positions in the
+  # whole input: cached keys keep the rotation of their true position.
   rotary = 'scores'
 
   def __init__(
