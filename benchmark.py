@@ -12,9 +12,13 @@ warm-up. Memory is the compiled train step's from XLA's memory analysis
 (temp + arguments + outputs - donated aliases, per device), which is
 comparable across backends; on GPU/TPU the device's own peak is recorded too.
 
---models: 'all' (every key of configs.models.MODELS) or a list; the baselines
+--models: 'all' (every key of configs.models.MODELS, the default) or a list,
+measured exactly as listed. --baselines adds the exact baselines
 'transformer' (einsum softmax, as LRA measured) and 'transformer_fused'
-(jax.nn.dot_product_attention) are always added unless listed as '-name'.
+(jax.nn.dot_product_attention) in front; it is on by default only when
+--models is not given ('-name' drops one). The tables' (x) ratios are to
+'transformer' when it was measured; without it they are left out, and the
+table says so.
 
 --ceiling adds a row named 'ceiling', measured first in the same run: the
 transformer's Text config with model.attention = {'name': 'none'} (out = v,
@@ -160,13 +164,15 @@ def cell_config(model_name, length, preset, batch_size):
   return c
 
 
-def select_models(spec):
-  """'all' or 'a,b,-c' -> model names, baselines first unless '-'ed."""
+def select_models(spec, baselines=False):
+  """'all' or 'a,b,-c' -> model names: every known model for 'all', else
+  the listed ones, after the BASELINES when `baselines`; '-name' drops."""
   known = model_configs.known_models()
   items = [s.strip() for s in spec.split(',') if s.strip()]
   drop = {s[1:] for s in items if s.startswith('-')}
   keep = [s for s in items if not s.startswith('-')]
-  names = list(known) if 'all' in keep else list(BASELINES) + keep
+  names = list(BASELINES) if baselines else []
+  names += list(known) if 'all' in keep else keep
   bad = [n for n in drop | set(names) if n not in known]
   if bad:
     raise UserError(
@@ -417,7 +423,13 @@ def progress_line(i, n, row):
 def define_flags():
   """Flags of the command line (defined here so importing defines none)."""
   flags.DEFINE_string(
-    'models', 'all', "'all' or a,b,...; '-name' drops a baseline."
+    'models', 'all', "'all' or a,b,... (exactly these); '-name' drops one."
+  )
+  flags.DEFINE_boolean(
+    'baselines',
+    None,
+    'Add the exact baselines (transformer, transformer_fused) to --models '
+    '(default: on only when --models is not given).',
   )
   flags.DEFINE_string(
     'lengths', '1024,2048,3072,4096', 'Sequence lengths, comma-separated.'
@@ -452,7 +464,10 @@ def main(argv):
       return PRESETS[preset][name] if f[name].value is None else f[name].value
 
     lengths = parse_lengths(f.lengths)
-    model_names = select_models(f.models)
+    baselines = f.baselines
+    if baselines is None:
+      baselines = not f['models'].present
+    model_names = select_models(f.models, baselines)
     check_counts(pick('batch_size'), pick('steps'), pick('warmup'))
     validate.check_dir(f.out, '--out')
     run_benchmark(

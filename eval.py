@@ -14,16 +14,19 @@ python eval.py --table RUNS_DIR
 python eval.py --table RUNS_DIR --bench BENCH_DIR
     also draws the LRA bubble chart (accuracy vs speed, area = memory) of
     those runs and BENCH_DIR/benchmark.json into BENCH_DIR/lra_bubble.png.
+python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
+    loss and accuracy against step (train and val panels, one line per run)
+    from each run's metrics.jsonl: curves_loss.png and curves_accuracy.png in
+    DIR (default: the first path given); lra/curves.py.
 """
 
 import json
 import os
-import sys
 
 from absl import app, flags
 import ml_collections
 
-from lra import cli, runtime, steps, tasks, validate
+from lra import cli, curves, runtime, steps, tasks, validate
 from lra.checkpoints import CheckpointError, Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
@@ -50,6 +53,16 @@ _BENCH = flags.DEFINE_string(
 _DATA_DIR = flags.DEFINE_string(
   'data_dir', None, "Override the run's data_dir."
 )
+_PLOT = flags.DEFINE_list(
+  'plot',
+  None,
+  'Run folders (or folders of runs), comma-separated: write their loss and '
+  'accuracy curves (curves_loss.png, curves_accuracy.png).',
+)
+_PLOT_DIR = flags.DEFINE_string(
+  'plot_dir', None, 'With --plot: where the PNGs go (default: the first path).'
+)
+cli.define_process_flags()
 
 
 def load_config(workdir):
@@ -115,7 +128,8 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
   )
   result.update(step=step, split=split, checkpoint=which)
   result['file'] = output_name(split, which, step, step_given)
-  write_json(os.path.join(workdir, result['file']), result)
+  if runtime.is_primary():
+    write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
   return result
 
@@ -124,7 +138,10 @@ def main(argv):
   del argv
   train.quiet_logs()
   try:
-    if _TABLE.value:
+    if _PLOT.value:
+      written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
+      print('wrote ' + ', '.join(written))
+    elif _TABLE.value:
       print(accuracy_table(_TABLE.value))
       if _BENCH.value:
         print(f'wrote {bubble_chart(_TABLE.value, _BENCH.value)}')
@@ -133,22 +150,23 @@ def main(argv):
         '--bench needs --table RUNS_DIR, the runs whose accuracy it plots.'
       )
     elif _WORKDIR.value:
+      cli.initialize_processes()
       r = evaluate_checkpoint(
         _WORKDIR.value, _SPLIT.value, _STEP.value, _WHICH.value
       )
-      print(
-        f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
-        f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
-        f'examples; wrote {os.path.join(_WORKDIR.value, r["file"])}'
-      )
+      if runtime.is_primary():
+        print(
+          f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
+          f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
+          f'examples; wrote {os.path.join(_WORKDIR.value, r["file"])}'
+        )
     else:
       raise UserError(
-        'Give --workdir DIR to evaluate a run, or --table '
-        'RUNS_DIR for the accuracy table.'
+        'Give --workdir DIR to evaluate a run, --table RUNS_DIR for the '
+        'accuracy table or --plot RUNS for the training curves.'
       )
   except UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+    cli.exit_with_error(e)
 
 
 if __name__ == '__main__':

@@ -36,7 +36,13 @@ from tqdm import tqdm
 from lra import batching, cli, runtime, steps, tasks, validate
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
-from lra.metrics import MetricsLog, StepTimer, selection, write_json
+from lra.metrics import (
+  MetricsLog,
+  StepTimer,
+  TensorBoard,
+  selection,
+  write_json,
+)
 from models.classifier import build_model
 
 
@@ -55,7 +61,8 @@ def create_state(config, task, replicated):
 
 # ----------------------------------------------------------------- loop
 def warn(message):
-  print(f'warning: {message}', file=sys.stderr, flush=True)
+  if runtime.is_primary():
+    print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
 def resume_state(ckpt, state):
@@ -136,12 +143,21 @@ def train_and_evaluate(config, workdir, stop_after=None):
     start, state, best = resume_state(ckpt, state)
   resuming = resuming and start > 0
   changes = changes if resuming else {}
-  runtime.write_config(config, workdir, resuming, changes, start)
-  if start:
+  # Every process has read the workdir; from here on process 0 alone writes
+  # config.json, metrics.jsonl, results.json and the progress bar (all of
+  # them write the checkpoints, lra/checkpoints.py).
+  runtime.barrier('train:read')
+  primary = runtime.is_primary()
+  if primary:
+    runtime.write_config(config, workdir, resuming, changes, start)
+  if start and primary:
     print(f'Resuming {workdir} from step {start}.')
-  log = MetricsLog(workdir, resume_step=start if start else None)
+  log = MetricsLog(
+    workdir, resume_step=start if start else None, primary=primary
+  )
   if changes:
     log.write(start, 'config', changes={k: list(v) for k, v in changes.items()})
+  if changes and primary:
     print(
       'Resuming with changed optimiser settings: '
       + ', '.join(f'{k} {a} -> {b}' for k, (a, b) in changes.items())
@@ -150,7 +166,8 @@ def train_and_evaluate(config, workdir, stop_after=None):
   if start >= config.num_train_steps and os.path.exists(
     os.path.join(workdir, 'results.json')
   ):
-    print(f'{workdir} already finished {start} steps; see results.json.')
+    if primary:
+      print(f'{workdir} already finished {start} steps; see results.json.')
     return json.load(open(os.path.join(workdir, 'results.json')))
 
   base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
@@ -159,13 +176,17 @@ def train_and_evaluate(config, workdir, stop_after=None):
     total=config.num_train_steps,
     initial=start,
     desc='train',
+    disable=not primary,
     dynamic_ncols=True,
     file=sys.stdout,
-    # tqdm's own rate would count compilation and evaluation: ours instead.
-    bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}'
-    '{postfix}]',
+    # tqdm's own rate and ETA would count compilation and evaluation: ours
+    # instead (eta: the steps left at the training steps/s, evaluation not
+    # included).
+    bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]',
   )
   timer = StepTimer()
+  schedule = steps.learning_rate_schedule(config)
+  accum = max(config.grad_accum_steps, 1)
 
   def flush(step):
     """Syncs pending step metrics; raises NonFiniteLoss naming the step."""
@@ -183,14 +204,28 @@ def train_and_evaluate(config, workdir, stop_after=None):
       acc = sum(float(m['correct_sum']) for _, m in rows) / sum(
         float(m['count']) for _, m in rows
       )
-      shown = {} if rate is None else {'steps_per_s': f'{rate:.2f}'}
-      bar.set_postfix(loss=f'{mean("loss"):.4f}', acc=f'{acc:.3f}', **shown)
+      # The rate the optimiser applied at this step (its count: the updates
+      # before it; one update per grad_accum_steps steps).
+      lr = float(schedule((step - 1) // accum))
+      shown = {}
+      if rate is not None:
+        left = (config.num_train_steps - step) / rate
+        eta = tqdm.format_interval(left)
+        shown = {'steps_per_s': f'{rate:.2f}', 'eta': eta}
+      shown = {
+        'loss': f'{mean("loss"):.4f}',
+        'acc': f'{acc:.3f}',
+        'lr': f'{lr:.3g}',
+        **shown,
+      }
+      bar.set_postfix(shown)  # a dict keeps this order (keywords are sorted)
       return log.write(
         step,
         'train',
         loss=mean('loss'),
         accuracy=acc,
         grad_norm=mean('grad_norm'),
+        learning_rate=lr,
         steps_per_sec=rate,
       )
 
@@ -239,10 +274,11 @@ def train_and_evaluate(config, workdir, stop_after=None):
           eval_step, state, data['val'], config, batch_sharding, desc='val'
         )
         log.write(step, 'val', **val)
-        tqdm.write(
-          f'step {step}: val accuracy {val["accuracy"]:.4f} '
-          f'loss {val["loss"]:.4f}'
-        )
+        if primary:
+          tqdm.write(
+            f'step {step}: val accuracy {val["accuracy"]:.4f} '
+            f'loss {val["loss"]:.4f}'
+          )
         if val['accuracy'] > best['accuracy']:
           best = {'step': step, 'accuracy': val['accuracy'], 'val': val}
           ckpt.save('best', step, state, {'step': step, 'best': best})
@@ -321,14 +357,31 @@ def train_and_evaluate(config, workdir, stop_after=None):
     'select': select,  # the one eval.py --table reports (lra/metrics.py)
     'data_source': runtime.data_source(config, task),
   }
-  write_json(os.path.join(workdir, 'results.json'), results)
+  if primary:
+    write_json(os.path.join(workdir, 'results.json'), results)
   ckpt.close()
-  print(
-    f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
-    f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
-    f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
-  )
+  if primary:
+    print(
+      f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
+      f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
+      f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
+    )
+    print(where_results(workdir, log.tensorboard is not None))
+  log.close()
   return results
+
+
+def where_results(workdir, tensorboard):
+  """The final line: where the results, the curves and the TensorBoard
+  scalars of a run are."""
+  line = (
+    f'Results: {os.path.join(workdir, "results.json")}; curves: python '
+    f'eval.py --plot {workdir} (writes {workdir}/curves_*.png)'
+  )
+  if tensorboard:
+    board = os.path.join(workdir, TensorBoard.DIR)
+    return line + f'; TensorBoard: tensorboard --logdir {board}'
+  return line + '; TensorBoard: pip install tensorboardX, then new runs log it'
 
 
 def quiet_logs():
@@ -343,12 +396,7 @@ def define_flags():
     'config', None, 'configs/<task>.py:<model>[,<preset>]', lock_config=True
   )
   flags.DEFINE_string('workdir', None, 'Run directory.')
-  flags.DEFINE_bool(
-    'distributed',
-    False,
-    'Multi-host (TPU pod, multi-node GPU): call '
-    'jax.distributed.initialize() first; run the same command on every host.',
-  )
+  cli.define_process_flags()
   flags.DEFINE_integer(
     'stop_after_steps',
     None,
@@ -368,13 +416,11 @@ def main(argv):
     )
     sys.exit(2)
   quiet_logs()
-  if flags.FLAGS.distributed:
-    jax.distributed.initialize()
   try:
+    cli.initialize_processes()
     train_and_evaluate(config, workdir, flags.FLAGS.stop_after_steps)
   except UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
+    cli.exit_with_error(e)
 
 
 if __name__ == '__main__':

@@ -24,7 +24,7 @@ import ml_collections
 
 def get_base_config():
   c = ml_collections.ConfigDict()
-  # Task registry key (lra/tasks.py); set by the task file.
+  # Task registry key (lra/tasks/__init__.py); set by the task file.
   c.task = ''
   # Presets applied, e.g. 'small' ('' = the LRA reference configuration).
   c.preset = ''
@@ -119,6 +119,14 @@ def get_base_config():
   # else is lost): the recurrent models' training memory drops about 5x at
   # 4K for about 25% more time per step.
   m.segment_remat = False
+  # Rematerialise each block (nnx.remat): the backward pass keeps only the
+  # blocks' inputs and recomputes the rest; less memory, ~1/3 more compute.
+  m.remat = False
+  # Stack the blocks' parameters on a layer axis and run them with one
+  # jax.lax.scan: compile time independent of the depth (checkpoints have
+  # the stacked layout, so a run cannot switch it on resuming). Neither
+  # applies to reversible blocks or to the recurrent encoder.
+  m.scan_layers = False
   return c
 
 

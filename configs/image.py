@@ -13,7 +13,7 @@ lra_benchmarks/image/configs/cifar10/base_cifar10_config.py (batch 256, Adam
 positions, evaluation every epoch), then each model's tuned architecture
 from its <model>_base.py (configs/models.py). Splits as the reference's TFDS
 `train[:90%]` / `train[90%:]` / `test`; gray levels as its
-tf.image.rgb_to_grayscale (lra/image.py). Fixed here: black pixels (0) are
+tf.image.rgb_to_grayscale (lra/tasks/image.py). Fixed here: black pixels (0) are
 pixels, not padding (the reference masked them out of attention;
 --config.data.black_is_padding=true restores that).
 

@@ -141,6 +141,15 @@ def markdown(rows, seconds=None, load=None):
   table2 = paper()['table2_efficiency']
   took = '' if seconds is None else f'; measured in {seconds:.0f} s'
   load = '' if load is None else f' (load average {load:.1f} at the start)'
+  has_base = any(
+    r['model'] == 'transformer' and r['status'] == 'ok' for r in rows
+  )
+  against = (
+    'speed-up against `transformer` (einsum softmax) at that length'
+    if has_base
+    else 'none: the exact `transformer` was not measured in this run (add '
+    'it with `--baselines` or `--models transformer,...`)'
+  )
   lines = [
     '## LRA speed and memory (Table 2 layout)',
     '',
@@ -157,7 +166,7 @@ def markdown(rows, seconds=None, load=None):
     + (', sequence = length + 1 (CLS).' if mc.get('pooling') == 'cls' else '.'),
     f'Speed: steps per second, median of {first["timed_steps"]} timed steps '
     f'after compilation and {first["warmup_steps"]} warm-up step(s); '
-    '(x) = speed-up against `transformer` (einsum softmax) at that length.',
+    f'(x) = {against}.',
     f'Dropout as in training: {mc.get("dropout_rate")}; attention dropout '
     + ', '.join(
       f'{m} {c["attention_dropout_rate"]}' for m, c in configs.items()
@@ -165,7 +174,7 @@ def markdown(rows, seconds=None, load=None):
     + '.',
     "Memory: peak GB of the compiled train step by XLA's memory analysis "
     '(temp + arguments + outputs - donated aliases, per device); (x) = '
-    'ratio to `transformer`.',
+    + ('ratio to `transformer`.' if has_base else 'none (no `transformer`).'),
     '*paper*: LRA Table 2 (Tay et al. 2021; Text, batch 32, 4x4 TPU v3, '
     'peak memory per device in GB).',
     f"Not the same setting: the paper's batch of {PAPER_BATCH} was split "

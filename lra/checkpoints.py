@@ -7,7 +7,10 @@
 <workdir>/checkpoints/unreadable/     saves found corrupt, moved aside (kept
                                       for inspection, never read again)
 Each save holds the train state (params + optimizer, an nnx.State) and a JSON
-`meta` item (step, best-so-far, validation metrics).
+`meta` item (step, best-so-far, validation metrics). Every process of a
+multi-process run saves and restores (orbax: each its own shards, on a
+filesystem all of them see); process 0 alone writes the records and moves
+saves aside.
 
 A save that cannot be read back (a truncated or missing file, a killed
 copy) raises CheckpointError, one sentence; train.py then resumes from the
@@ -84,6 +87,14 @@ def _problem(step_dir, record_path):
   return None
 
 
+def _barrier(name):
+  """Waits for every process (a no-op with one)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices(name)
+
+
 def saved_steps(workdir):
   """{'latest': [...], 'best': [...]} from the directory names alone (opens
   no manager, creates nothing)."""
@@ -140,7 +151,11 @@ class Checkpoints:
       ),
     )
     mngr.wait_until_finished()
-    self._write_record(which, step)
+    # Every process saves its shards (orbax); process 0 alone writes the
+    # record, and the others wait for it.
+    if jax.process_index() == 0:
+      self._write_record(which, step)
+    _barrier(f'checkpoint-record-{which}-{step}')
 
   def latest_step(self, which='latest'):
     return self._manager(which).latest_step()
@@ -188,12 +203,17 @@ class Checkpoints:
     while os.path.exists(dest):
       n += 1
       dest = os.path.join(self.root, 'unreadable', f'{which}_{step}.{n}')
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    shutil.move(self.path(which, step), dest)
-    if os.path.exists(self.record_path(which, step)):
-      shutil.move(
-        self.record_path(which, step), os.path.join(dest, 'size_record.json')
-      )
+    # Every process found it unreadable (they read the same files); process
+    # 0 moves it once they all have looked.
+    _barrier(f'checkpoint-set-aside-{which}-{step}')
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      shutil.move(self.path(which, step), dest)
+      if os.path.exists(self.record_path(which, step)):
+        shutil.move(
+          self.record_path(which, step), os.path.join(dest, 'size_record.json')
+        )
+    _barrier(f'checkpoint-set-aside-done-{which}-{step}')
     self._manager(which).reload()
     return dest
 

@@ -1,7 +1,9 @@
 """Flag parsing for the entry points: a bad flag is one sentence."""
 
+import os
 import re
 import sys
+import time
 
 from absl import flags
 
@@ -92,3 +94,61 @@ def parse_flags(argv):
   except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
     print(f'error: {_sentence(e)}', file=sys.stderr)
     sys.exit(2)
+
+
+def define_process_flags():
+  """The multi-process flags of train.py and eval.py (lra.runtime.initialize):
+  all three of --coordinator_address, --num_processes, --process_id (the
+  same command on every process, each with its own id), or --distributed
+  alone (JAX detects TPU pods and SLURM/Open MPI clusters)."""
+  flags.DEFINE_bool(
+    'distributed',
+    False,
+    'Multi-host (TPU pod slice, SLURM or Open MPI cluster): let JAX detect '
+    'the processes; run the same command on every host.',
+  )
+  flags.DEFINE_string(
+    'coordinator_address',
+    None,
+    'HOST:PORT of process 0 (with --num_processes and --process_id).',
+  )
+  flags.DEFINE_integer('num_processes', None, 'Processes in the run.')
+  flags.DEFINE_integer('process_id', None, "This process's id, 0 .. N-1.")
+  flags.DEFINE_integer(
+    'distributed_timeout',
+    300,
+    'Seconds to wait for every process to join before stopping.',
+  )
+
+
+def initialize_processes():
+  """lra.runtime.initialize from the flags of define_process_flags."""
+  from lra import runtime  # pylint: disable=g-import-not-at-top
+
+  f = flags.FLAGS
+  return runtime.initialize(
+    f.coordinator_address,
+    f.num_processes,
+    f.process_id,
+    distributed=f.distributed,
+    timeout_s=f.distributed_timeout,
+  )
+
+
+def exit_with_error(e):
+  """Prints the one-sentence error and exits with status 2. In a
+  multi-process run it leaves the message for the others (whose watchers,
+  lra.runtime, print it and exit with 2 too) and ends at once (os._exit),
+  skipping JAX's shutdown barrier that would wait for them."""
+  print(f'error: {e}', file=sys.stderr, flush=True)
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if jax.distributed.is_initialized():
+    from lra import runtime  # pylint: disable=g-import-not-at-top
+
+    runtime.publish_error(str(e))
+    sys.stdout.flush()
+    if jax.process_index() == 0:
+      time.sleep(1.0)  # it runs the coordination service: let them read
+    os._exit(2)  # pylint: disable=protected-access
+  sys.exit(2)

@@ -1,9 +1,10 @@
-"""User-facing errors: one sentence, no stack trace."""
+"""User-facing errors: one sentence, no stack trace.
 
+UserError lives in the top-level errors.py, which models/ imports too (models/
+never imports lra/); this module re-exports it so the harness and its users
+keep writing `from lra.errors import UserError`.
+"""
 
-class UserError(Exception):
-  """An error the user caused and can fix (missing data, bad flag, bad file).
+from errors import UserError
 
-  Entry points (train.py, eval.py, benchmark.py, `python -m lra.prepare`) catch
-  it, print its message on one line and exit with status 2.
-  """
+__all__ = ['UserError']

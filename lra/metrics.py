@@ -1,7 +1,9 @@
-"""metrics.jsonl (one JSON object per line), results.json and the model
-selection that decides which of its test numbers a run reports."""
+"""metrics.jsonl (one JSON object per line), TensorBoard scalars beside it
+(when tensorboardX is installed), results.json and the model selection that
+decides which of its test numbers a run reports."""
 
 import json
+import numbers
 import os
 import time
 
@@ -10,10 +12,17 @@ from lra.errors import UserError
 
 class MetricsLog:
   """Appends rows; on resume, drops rows past the restored step so a resumed
-  run's log equals an uninterrupted run's."""
+  run's log equals an uninterrupted run's. Only the primary process (0 of a
+  multi-process run) writes; the others get the rows back, unwritten."""
 
-  def __init__(self, workdir, resume_step=None):
+  def __init__(self, workdir, resume_step=None, primary=True, tensorboard=True):
+    self.primary = primary
     self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.tensorboard = None
+    if not primary:
+      return
+    if tensorboard:
+      self.tensorboard = TensorBoard.open(workdir, resume_step)
     rows = read_rows(self.path) if os.path.exists(self.path) else []
     if resume_step is not None:
       rows = [r for r in rows if r['step'] <= resume_step]
@@ -25,9 +34,64 @@ class MetricsLog:
 
   def write(self, step, split, **values):
     row = {'step': int(step), 'split': split, **values}
+    if not self.primary:
+      return row
     with open(self.path, 'a') as f:
       f.write(json.dumps(row) + '\n')
+    if self.tensorboard:
+      self.tensorboard.write(row)
     return row
+
+  def close(self):
+    if self.tensorboard:
+      self.tensorboard.close()
+
+
+class TensorBoard:
+  """The rows' numbers as TensorBoard scalars in <workdir>/tensorboard/:
+  `<split>/<key>` (train/loss, train/learning_rate, train/grad_norm,
+  train/steps_per_sec, val/accuracy, ...; test rows as test_best/... and
+  test_last/...). Optional: tensorboardX (no TensorFlow) writes them when
+  installed; without it, `open` says once how to get it and returns None.
+  A resumed run purges the events past its restored step, as metrics.jsonl
+  drops those rows."""
+
+  DIR = 'tensorboard'
+  HINT = (
+    'note: pip install tensorboardX to also get TensorBoard scalars '
+    '(tensorboard --logdir WORKDIR/tensorboard); metrics.jsonl and '
+    '`python eval.py --plot WORKDIR` work without it.'
+  )
+  hinted = False
+
+  def __init__(self, writer):
+    self.writer = writer
+
+  @classmethod
+  def open(cls, workdir, resume_step=None):
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      if not cls.hinted:
+        print(cls.HINT, flush=True)
+        cls.hinted = True
+      return None
+    purge = None if resume_step is None else resume_step + 1
+    return cls(SummaryWriter(os.path.join(workdir, cls.DIR), purge_step=purge))
+
+  def write(self, row):
+    split = row['split']
+    if split == 'test':
+      split = f'test_{row.get("checkpoint", "best")}'
+    for key, value in row.items():
+      if key in ('step', 'count') or isinstance(value, bool):
+        continue
+      if isinstance(value, numbers.Real):
+        self.writer.add_scalar(f'{split}/{key}', value, row['step'])
+    self.writer.flush()
+
+  def close(self):
+    self.writer.close()
 
 
 class StepTimer:

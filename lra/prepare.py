@@ -4,11 +4,16 @@
   python -m lra.prepare pathfinder --option resolution=64 --option seed=1
   python -m lra.prepare pathx --option difficulty=easy
   python -m lra.prepare text --option val=heldout --force
+  python -m lra.prepare image --download [--source tfds] [--mirror URL]
 
 Synthetic tasks (listops, pathfinder, pathx) are generated; the others are
 converted from release files under the data directory (a missing file stops
-with a message naming it and where to put it). `--force` rebuilds the cache;
-a damaged cache file is reported with the command that rebuilds it.
+with a message naming it and where to put it). `--download` first fetches
+them from their canonical URLs (lra/download.py: progress bar, resumable,
+checked), or for pathfinder / pathx / listops extracts the LRA release's
+files, which the preparation then prefers to generating. `--force` rebuilds
+the cache; a damaged cache file is reported with the command that rebuilds
+it.
 """
 
 import argparse
@@ -18,8 +23,9 @@ import shutil
 import sys
 import time
 
-from lra import cache, tasks, validate
+from lra import download, tasks, validate
 from lra.errors import UserError
+from lra.tasks import cache
 
 
 def _value(text):
@@ -90,6 +96,23 @@ def build_parser():
   parser.add_argument(
     '--force', action='store_true', help='delete the cache and rebuild it'
   )
+  parser.add_argument(
+    '--download',
+    action='store_true',
+    help='fetch the release files first (resumable; lra/download.py)',
+  )
+  parser.add_argument(
+    '--source',
+    choices=('canonical', 'tfds'),
+    default='canonical',
+    help='with --download: the canonical URLs (default) or TensorFlow '
+    "Datasets' own download (text, image; needs tensorflow-datasets)",
+  )
+  parser.add_argument(
+    '--mirror',
+    help='with --download: fetch URL/<file name> instead (or '
+    f'${download.MIRROR_ENV})',
+  )
   return parser
 
 
@@ -104,6 +127,13 @@ def main(argv=None):
     else:
       data_dir, flag = tasks.default_data_dir(), 'LRA_DATA_DIR'
     validate.check_dir(data_dir, flag, writable=False)
+    if args.download:
+      got = download.download(
+        args.task, data_dir, options, args.source, args.mirror
+      )
+      print(f'{args.task}: downloaded {got}')
+    elif args.source != 'canonical' or args.mirror:
+      raise UserError('--source and --mirror go with --download; add it.')
     path = task.cache_dir(data_dir, options)
     if args.force and os.path.exists(path):
       shutil.rmtree(path)

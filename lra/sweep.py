@@ -13,7 +13,7 @@ run as a subprocess (its progress bar and messages pass through), so every run
 resumes like any train.py run and shows in `python eval.py --table OUT`.
 
 --tasks and --models: names joined by commas, or 'all' (every task of
-lra/tasks.py; every model of configs/models.py), '-name' leaves one out
+lra/tasks/__init__.py; every model of configs/models.py), '-name' leaves one out
 (`--models all,-transformer_fused`). --preset: small, smoke, or none (the
 LRA reference configuration). --config.* overrides go to every run unchanged.
 

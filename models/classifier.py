@@ -8,11 +8,12 @@ Two documents (retrieval): tokens [B, 2, L] -> the same Encoder on each
 Returns (logits [B, classes] float32, aux dict with 'aux_loss').
 """
 
+import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention.registry import get_core_class
 from models.encoder import Encoder
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
@@ -48,6 +49,7 @@ class Classifier(nnx.Module):
       rngs=rngs,
     )
     self.num_inputs = num_inputs
+    self.num_classes = num_classes
     self.pooling = cfg.pooling
     head = DualClassifierHead if num_inputs == 2 else ClassifierHead
     self.head = head(
@@ -56,8 +58,12 @@ class Classifier(nnx.Module):
 
   def __call__(self, tokens, *, key=None):
     """tokens int [B, L] (or [B, 2, L]); key: dropout PRNG key or None."""
+    # A one-document batch given to the dual model (or the reverse) would
+    # otherwise fail deep in the encoder, or not at all (tokens[:, 0]).
+    chex.assert_rank(tokens, 3 if self.num_inputs == 2 else 2)
+    b = tokens.shape[0]
     if self.num_inputs == 2:
-      b = tokens.shape[0]
+      chex.assert_axis_dimension(tokens, 1, 2)
       both_2BxL = jnp.concatenate([tokens[:, 0], tokens[:, 1]], axis=0)
       x, padding, aux = self.encoder(both_2BxL, key=key)
       pooled_2BxE = pool_BxE(x, padding, self.pooling)
@@ -65,6 +71,7 @@ class Classifier(nnx.Module):
     else:
       x, padding, aux = self.encoder(tokens, key=key)
       logits = self.head(pool_BxE(x, padding, self.pooling))
+    chex.assert_shape(logits, (b, self.num_classes))
     return logits.astype(jnp.float32), aux
 
 

@@ -17,7 +17,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from lra.errors import UserError
+from errors import UserError
 
 ABSOLUTE = ('sinusoidal', 'learned', 'none')
 IN_ATTENTION = ('relative', 'pia', 'rotary')

@@ -2,12 +2,23 @@
 
 With model.reversible the blocks run as reversible residual pairs
 (models/reversible.py): activation memory independent of the depth.
+
+With model.remat each block is rematerialised (jax.checkpoint; Chen et
+al. 2016, "Training Deep Nets with Sublinear Memory
+Cost"): the backward pass keeps only the blocks' inputs and recomputes the
+rest. With model.scan_layers the blocks' parameters are stacked along a
+leading layer axis and run by one jax.lax.scan, so the step compiles one
+block whatever the depth (the checkpoint layout differs from the plain
+model's: `blocks` holds one block whose leaves are [num_layers, ...]). Both
+give the plain model's loss and gradients; the blocks are built exactly as
+the plain model's, then stacked, so the same seed gives the same numbers.
 """
 
 from flax import nnx
+import jax
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout
 from models.embeddings import Embedder
@@ -43,6 +54,17 @@ class Encoder(nnx.Module):
       raise UserError(
         f'model.reversible must be True or False, got {self.reversible!r}.'
       )
+    self.num_layers = cfg.num_layers
+    self.remat = checked_bool(cfg, 'remat')
+    self.scan_layers = checked_bool(cfg, 'scan_layers')
+    if self.reversible and (self.remat or self.scan_layers):
+      raise UserError(
+        'Reversible blocks already rebuild their activations in the '
+        'backward pass; set --config.model.remat=False and '
+        '--config.model.scan_layers=False with model.reversible.'
+      )
+    if self.scan_layers:
+      self.blocks = stack_blocks(self.blocks, cfg.attention['name'])
     self.ln_final = nnx.LayerNorm(cfg.emb_dim, dtype=dtype, rngs=rngs)
     self.pad_id = pad_id
     self.dropout_rate = cfg.dropout_rate
@@ -62,14 +84,79 @@ class Encoder(nnx.Module):
           [jnp.ones((b, 1), bool), padding_BxL], axis=1
         )
     x_BxLxE = self.embed.add_positions(x_BxLxE)
-    keys = split_key(key, len(self.blocks) + 1)
+    keys = split_key(key, self.num_layers + 1)
     x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
     mask = Mask(padding_BxL, causal=False)
     if self.reversible:
       x_BxLxE, aux_loss = reversible_blocks(self.blocks, x_BxLxE, mask, keys)
+    elif self.scan_layers:
+      x_BxLxE, aux_loss = scanned_blocks(
+        self.blocks, x_BxLxE, mask, keys[:-1], remat=self.remat
+      )
+    elif self.remat:
+      aux_loss = jnp.zeros((), jnp.float32)
+      for block, k in zip(self.blocks, keys):
+        x_BxLxE, aux = rematerialised(block, x_BxLxE, mask, k)
+        aux_loss = aux_loss + aux_loss_of(aux)
     else:
       aux_loss = jnp.zeros((), jnp.float32)
       for block, k in zip(self.blocks, keys):
         x_BxLxE, aux = block(x_BxLxE, mask, key=k)
         aux_loss = aux_loss + aux.get('loss', 0.0)
     return self.ln_final(x_BxLxE), padding_BxL, {'aux_loss': aux_loss}
+
+
+def checked_bool(cfg, name):
+  """cfg.<name> (False when the config predates it), or one sentence."""
+  value = cfg.get(name, False)
+  if not isinstance(value, bool):
+    raise UserError(f'model.{name} must be True or False, got {value!r}.')
+  return value
+
+
+def rematerialised(block, x_BxLxE, mask, key):
+  """block(x, mask, key=key) under jax.checkpoint: its activations are
+  recomputed in the backward pass instead of kept. (The mask is closed over:
+  its static fields stay Python values.)"""
+  graphdef, state = nnx.split(block)
+
+  @jax.checkpoint
+  def run(state, x_BxLxE, key):
+    return nnx.merge(graphdef, state)(x_BxLxE, mask, key=key)
+
+  return run(state, x_BxLxE, key)
+
+
+def aux_loss_of(aux):
+  return jnp.asarray(aux.get('loss', 0.0), jnp.float32)
+
+
+def stack_blocks(blocks, attention):
+  """One block whose every leaf is the blocks' leaves stacked on a leading
+  layer axis; one sentence when the blocks differ in structure (an
+  attention whose layers are not alike)."""
+  splits = [nnx.split(b) for b in blocks]
+  graphdef = splits[0][0]
+  if any(g != graphdef for g, _ in splits[1:]):
+    raise UserError(
+      f'model.scan_layers needs identical blocks, but the {attention!r} '
+      "attention's layers differ; set --config.model.scan_layers=False."
+    )
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[st for _, st in splits])
+  return nnx.merge(graphdef, stacked)
+
+
+def scanned_blocks(stacked, x_BxLxE, mask, keys, *, remat):
+  """Runs the stacked blocks in order with one jax.lax.scan (each step
+  rematerialised with `remat`); -> (x, summed aux loss)."""
+  graphdef, state = nnx.split(stacked)
+  keys_N = None if keys[0] is None else jnp.stack(keys)
+
+  def body(x_BxLxE, layer):
+    state, key = layer
+    x_BxLxE, aux = nnx.merge(graphdef, state)(x_BxLxE, mask, key=key)
+    return x_BxLxE, aux_loss_of(aux)
+
+  body = jax.checkpoint(body) if remat else body
+  x_BxLxE, losses_N = jax.lax.scan(body, x_BxLxE, (state, keys_N))
+  return x_BxLxE, jnp.sum(losses_N)

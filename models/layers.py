@@ -202,7 +202,7 @@ def checked_ffn_chunks(cfg):
   """cfg.ffn_chunks, checked (1 when the config predates the option)."""
   n = getattr(cfg, 'ffn_chunks', 1)
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+    from errors import UserError  # pylint: disable=g-import-not-at-top
 
     raise UserError(
       f'model.ffn_chunks must be a positive integer, got {n!r}; use 1 for '
@@ -215,7 +215,7 @@ def as_dtype(name):
   try:
     return {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[name]
   except KeyError:
-    from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+    from errors import UserError  # pylint: disable=g-import-not-at-top
 
     raise UserError(
       f'Unknown dtype {name!r}; use float32 or bfloat16.'

@@ -55,7 +55,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout, pad_to_multiple
 from models.embeddings import Embedder
@@ -81,6 +81,12 @@ class SegmentRecurrentEncoder(nnx.Module):
       raise UserError(
         f'Reversible blocks cannot carry the memory of the recurrent core '
         f'{cfg.attention["name"]!r}; set --config.model.reversible=False.'
+      )
+    if cfg.get('remat', False) or cfg.get('scan_layers', False):
+      raise UserError(
+        f'The recurrent core {cfg.attention["name"]!r} runs its blocks per '
+        'segment; use --config.model.segment_remat=True instead of '
+        'model.remat or model.scan_layers.'
       )
     self.use_cls = cfg.pooling == 'cls'
     total = max_length + int(self.use_cls)

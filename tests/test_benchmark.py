@@ -121,15 +121,57 @@ def test_failure_classifies_out_of_memory():
   assert (status, message) == ('error', 'ValueError: bad shape')
 
 
-def test_models_flag_adds_baselines_unless_dropped():
-  assert benchmark.select_models('transformer_fused') == MODELS
+def test_models_flag_runs_exactly_the_listed_models():
+  select = benchmark.select_models
+  assert select('performer') == ['performer']
+  assert select('performer', baselines=True) == MODELS + ['performer']
+  assert select('transformer_fused', baselines=True) == MODELS
+  assert select('performer,-transformer', baselines=True) == [
+    'transformer_fused',
+    'performer',
+  ]
   everything = list(model_configs.known_models())
-  assert benchmark.select_models('all,-transformer_fused') == [
+  assert select('all,-transformer_fused', baselines=True) == [
     m for m in everything if m != 'transformer_fused'
   ]
-  assert benchmark.select_models('performer') == MODELS + ['performer']
   with pytest.raises(UserError, match='nope'):
-    benchmark.select_models('nope')
+    select('nope')
+
+
+def test_models_transformer_runs_one_model_only(tmp_path):
+  out = str(tmp_path / 'one')
+  args = ['--preset=tiny', '--lengths=32', '--batch_size=4', '--steps=1']
+  proc = subprocess.run(
+    [
+      sys.executable,
+      'benchmark.py',
+      '--models=transformer',
+      *args,
+      '--out',
+      out,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-800:]
+  rows = report.read_benchmark(out)
+  assert [(r['model'], r['status']) for r in rows] == [('transformer', 'ok')]
+
+
+def test_table_says_when_there_is_no_exact_baseline(bench_dir):
+  rows = [
+    r for r in report.read_benchmark(bench_dir) if r['model'] != 'transformer'
+  ]
+  table = bench_report.markdown(rows)
+  assert 'the exact `transformer` was not measured in this run' in table
+  line = [
+    ln for ln in table.splitlines() if ln.startswith('| transformer_fused')
+  ]
+  assert line and 'x)' not in line[0]  # no ratio without the baseline
+  with_base = bench_report.markdown(report.read_benchmark(bench_dir))
+  assert 'speed-up against `transformer`' in with_base
 
 
 def test_command_line_error_is_one_sentence(tmp_path):

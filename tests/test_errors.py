@@ -17,8 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from lra import cache, validate
+from lra import validate
 from lra.errors import UserError
+from lra.tasks import cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = 'configs/listops.py:transformer,smoke'

@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from lra import cache, listops, prepare, tasks
+from lra import prepare, tasks
 from lra.errors import UserError
+from lra.tasks import cache, listops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = listops.VARIANTS['smoke']

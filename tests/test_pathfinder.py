@@ -9,9 +9,10 @@ import pytest
 import release_fixtures as fx
 
 from configs import pathfinder as pathfinder_config
-from lra import cache, pathfinder, tasks
-from lra import pathfinder_gen as gen
+from lra import tasks
 from lra.errors import UserError
+from lra.tasks import cache, pathfinder
+from lra.tasks import pathfinder_gen as gen
 from models.classifier import build_model
 
 HARD = gen.CONTOUR_LENGTHS['hard']

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import types
 
+import chex
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -152,8 +153,7 @@ def test_custom_vjp_in_float64_with_an_aux_loss():
     check_grads(loss(reversible_sequence), (params, x1, x2), 1, ('rev',))
     want = jax.grad(loss(plain_sequence), argnums=(0, 1, 2))(params, x1, x2)
     got = jax.grad(loss(reversible_sequence), argnums=(0, 1, 2))(params, x1, x2)
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-      np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-9)
+    chex.assert_trees_all_close(got, want, rtol=1e-9, atol=1e-9)
     r1, r2 = rebuild_inputs(
       fs,
       gs,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -210,8 +211,7 @@ def test_one_device_step_equals_four_device_step(data_dir):
     results.append((jax.device_get(state), jax.device_get(metrics)))
   (s1, m1), (s4, m4) = results
   np.testing.assert_allclose(m1['loss'], m4['loss'], rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(s1), jax.tree.leaves(s4)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(s1, s4, rtol=1e-4, atol=1e-6)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(

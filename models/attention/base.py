@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra.errors import UserError
+from errors import UserError
 
 
 class Mask(NamedTuple):

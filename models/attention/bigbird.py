@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,

@@ -41,7 +41,7 @@ Attention dropout acts on the weights over the k slots.
 from flax import nnx
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,

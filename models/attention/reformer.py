@@ -57,7 +57,7 @@ google-research/long-range-arena, lra_benchmarks/models/reformer):
 import jax
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention.base import AttentionCore, dropout, key_valid_BxM
 from models.attention.registry import register
 

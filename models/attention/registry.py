@@ -3,7 +3,7 @@
 import importlib
 import inspect
 
-from lra.errors import UserError
+from errors import UserError
 
 _CORES = {}
 

@@ -49,7 +49,7 @@ Mask.causal.
 import jax
 import jax.numpy as jnp
 
-from lra.errors import UserError
+from errors import UserError
 from models.attention.base import (
   AttentionCore,
   int_option,

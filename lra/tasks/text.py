@@ -27,8 +27,8 @@ import zlib
 import numpy as np
 import tqdm
 
-from lra import cache, release, tfrecord
 from lra.errors import UserError
+from lra.tasks import cache, release, tfrecord
 
 WIDTH = 4000  # cache width in bytes
 HELDOUT_FRACTION = 0.1

@@ -39,8 +39,8 @@ import time
 import numpy as np
 import tqdm
 
-from lra import cache
 from lra.errors import UserError
+from lra.tasks import cache
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 VOCAB = ('<pad>', *'0123456789', '[MIN', '[MAX', '[MED', '[SM', ']')
 TOKEN_ID = {t: i for i, t in enumerate(VOCAB) if i}
 DIGIT0, MIN, MAX, MED, SM, END = 1, 11, 12, 13, 14, 15
-VOCAB_SIZE = len(VOCAB)  # 16, as lra/tasks.py says
+VOCAB_SIZE = len(VOCAB)  # 16, as lra/tasks/__init__.py says
 
 # The data variants. Changing any number changes the data of that variant.
 #   max_depth, max_args: tree shape (root at depth 1, leaves at max_depth).

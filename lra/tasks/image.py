@@ -30,8 +30,8 @@ import numpy as np
 from PIL import Image
 import tqdm
 
-from lra import cache, release, tfrecord
 from lra.errors import UserError
+from lra.tasks import cache, release, tfrecord
 
 ARCHIVE = 'cifar-10-python.tar.gz'
 URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz'

@@ -1,15 +1,32 @@
-"""The task registry: one entry per LRA task, one place that knows them all.
+"""The LRA tasks: their data, and the registry that knows them all.
 
-A task module (lra/listops.py, lra/text.py, ...) provides two functions:
+This package holds the task data, apart from the training harness around it
+(lra/) and the models (models/):
+
+  listops.py         ListOps: generator of nested list operations, TSV reader
+  text.py            byte-level IMDB (aclImdb tarball or TFDS files)
+  retrieval.py       AAN document matching (the LRA release's TSVs)
+  image.py           grayscale CIFAR-10 (python tarball or TFDS files)
+  pathfinder.py      Pathfinder and Path-X: generated, or the LRA release
+  pathfinder_gen.py  the Pathfinder image generator, vectorised over images
+  tfrecord.py        TFRecord files read without TensorFlow
+  release.py         where a converted task finds its release files
+  cache.py           the per-split .npy caches every task is prepared into
+
+and this registry: one `Task` per task name (listops, text, retrieval, image,
+pathfinder, pathx), looked up as `tasks.get_task(name)` or `tasks.TASKS`.
+Nothing here imports models/ or the training harness (lra.runtime, ...).
+
+A task module (listops.py, text.py, ...) provides two functions:
 
   cache_name(options: dict) -> str
       A short name for the cache that these data options produce, e.g.
       'full' or 'small' for ListOps, '32_hard' for Pathfinder.
   prepare(cache_dir: str, data_dir: str, options: dict, progress: bool) -> None
       Generates (synthetic tasks) or converts (release files found under
-      data_dir) the task into `lra.cache` splits in cache_dir. A converter
-      whose sources are missing raises UserError naming the file to fetch and
-      the exact place to put it.
+      data_dir) the task into `lra.tasks.cache` splits in cache_dir. A
+      converter whose sources are missing raises UserError naming the file
+      to fetch and the exact place to put it.
 
 and may provide
 
@@ -25,8 +42,8 @@ import dataclasses
 import importlib
 import os
 
-from lra import cache
 from lra.errors import UserError
+from lra.tasks import cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +87,20 @@ class Task:
 TASKS = {
   t.name: t
   for t in [
-    Task('listops', 10, 16, 0, 1, True, 'lra.listops'),
-    Task('text', 2, 257, 0, 1, False, 'lra.text'),
-    Task('retrieval', 2, 257, 0, 2, False, 'lra.retrieval'),
-    Task('image', 10, 256, None, 1, False, 'lra.image'),
-    Task('pathfinder', 2, 256, None, 1, True, 'lra.pathfinder'),
+    Task('listops', 10, 16, 0, 1, True, 'lra.tasks.listops'),
+    Task('text', 2, 257, 0, 1, False, 'lra.tasks.text'),
+    Task('retrieval', 2, 257, 0, 2, False, 'lra.tasks.retrieval'),
+    Task('image', 10, 256, None, 1, False, 'lra.tasks.image'),
+    Task('pathfinder', 2, 256, None, 1, True, 'lra.tasks.pathfinder'),
     Task(
-      'pathx', 2, 256, None, 1, True, 'lra.pathfinder', (('resolution', 128),)
+      'pathx',
+      2,
+      256,
+      None,
+      1,
+      True,
+      'lra.tasks.pathfinder',
+      (('resolution', 128),),
     ),
   ]
 }

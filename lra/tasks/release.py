@@ -4,8 +4,8 @@ image)."""
 
 import os
 
-from lra import tfrecord
 from lra.errors import UserError
+from lra.tasks import tfrecord
 
 SOURCES = ('auto', 'archive', 'folders', 'tfds')
 

@@ -16,8 +16,8 @@ import os
 import numpy as np
 import tqdm
 
-from lra import cache
 from lra.errors import UserError
+from lra.tasks import cache
 
 WIDTH = 4000  # cache width in bytes, per document
 FILES = {

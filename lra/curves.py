@@ -1,0 +1,92 @@
+"""Loss and accuracy against step of one or many runs, from metrics.jsonl.
+
+`python eval.py --plot RUN_OR_RUNS_DIR[,...]` writes `curves_loss.png` and
+`curves_accuracy.png`: one panel per split (train, val), one line per run,
+labelled with the run's folder. TensorBoard is not needed (its scalars are
+written too when a writer is installed: lra/metrics.py).
+"""
+
+import os
+
+from lra.errors import UserError
+from lra.metrics import read_rows
+
+METRICS = ('loss', 'accuracy')
+SPLITS = ('train', 'val')
+NAMES = {m: f'curves_{m}.png' for m in METRICS}
+
+
+def find_runs(paths):
+  """Run folders (with a metrics.jsonl) given or below the given paths."""
+  runs = []
+  for path in paths:
+    if not os.path.isdir(path):
+      raise UserError(f'--plot {path}: no such folder; give run folders.')
+    found = sorted(
+      root
+      for root, _, files in os.walk(path)
+      if 'metrics.jsonl' in files and '/checkpoints' not in root
+    )
+    if not found:
+      raise UserError(
+        f'--plot {path}: no metrics.jsonl in it or below it; give the '
+        '--workdir of a run started by train.py.'
+      )
+    runs += [r for r in found if r not in runs]
+  return runs
+
+
+def series(runs):
+  """{(metric, split): {label: (steps, values)}} of the runs' rows; the
+  label is the run's folder relative to the runs' common parent."""
+  if len(runs) == 1:
+    labels = [os.path.basename(os.path.abspath(runs[0]))]
+  else:
+    parent = os.path.commonpath([os.path.abspath(r) for r in runs])
+    labels = [os.path.relpath(os.path.abspath(r), parent) for r in runs]
+  out = {(m, s): {} for m in METRICS for s in SPLITS}
+  for run, label in zip(runs, labels):
+    rows = read_rows(os.path.join(run, 'metrics.jsonl'))
+    for (metric, split), lines in out.items():
+      points = [
+        (r['step'], r[metric])
+        for r in rows
+        if r.get('split') == split and r.get(metric) is not None
+      ]
+      if points:
+        steps, values = zip(*points)
+        lines[label] = (list(steps), list(values))
+  return out
+
+
+def plot(paths, out_dir=None):
+  """Writes the two PNGs into out_dir (default: the first path); returns
+  ([png paths], series)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  runs = find_runs(paths)
+  data = series(runs)
+  out_dir = out_dir or paths[0]
+  os.makedirs(out_dir, exist_ok=True)
+  written = []
+  for metric in METRICS:
+    fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4), squeeze=False)
+    for ax, split in zip(axes[0], SPLITS):
+      for label, (steps, values) in data[metric, split].items():
+        ax.plot(
+          steps, values, marker='.' if split == 'val' else None, label=label
+        )
+      ax.set_title(f'{split} {metric}')
+      ax.set_xlabel('step')
+      ax.grid(True, alpha=0.3)
+      if data[metric, split]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, NAMES[metric])
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+  return written, data
