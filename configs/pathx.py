@@ -11,8 +11,7 @@ generator settings), split 160k/20k/20k, 3.3 GB; or the official
 pathfinder128 release files under <data_dir>/pathx/release/ (see
 lra/tasks/pathfinder.py). Generating takes about 3.6 hours on 2 CPU cores
 (15.4 images/s measured with 2 workers: like the original generator, it
-drops 99.7% of
-candidate images because a 14-paddle target got stuck).
+drops 99.7% of candidate images because a 14-paddle target got stuck).
 Other sizes: set data.resolution and max_length = resolution**2 together.
 
 Reference values: the reference harness's final
