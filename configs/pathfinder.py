@@ -64,6 +64,9 @@ def common_config(task, resolution):
   # (most of a Pathfinder image): masked out of attention (key padding) and
   # out of mean/max pooling. False (ours): every pixel is a real token.
   c.data.black_is_padding = False
+  # Shrink each image by this factor per side after loading (max pooling of
+  # factor x factor blocks; the cache keeps the full images): 1 = none.
+  c.data.downsample = 1
   # One token per pixel: must be data.resolution**2 (the cache width).
   c.max_length = resolution * resolution
   c.learning_rate = 0.001

@@ -249,7 +249,8 @@ def load_data(config, task, progress=True):
   for attempt in range(2):
     try:
       path = task.ensure_prepared(data_dir, options, progress)
-      return {s: cache.load_split(path, s) for s in cache.SPLITS}
+      splits = {s: cache.load_split(path, s) for s in cache.SPLITS}
+      return task.transform(splits, options)
     except cache.CacheError as e:
       if not task.generated or attempt:
         raise UserError(

@@ -104,9 +104,9 @@ def pixel_length(task, options):
   if task.name == 'image':
     return 32 * 32
   if task.name in ('pathfinder', 'pathx'):
-    resolution = task.options(options).get('resolution', 32)
+    o = task.options(options)
     try:
-      return int(resolution) ** 2
+      return (int(o.get('resolution', 32)) // int(o.get('downsample', 1))) ** 2
     except (TypeError, ValueError):
       return None  # the task's own option check names it
   return None

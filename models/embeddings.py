@@ -5,6 +5,13 @@
   prepended, so the CLS has position 0, as in the LRA reference):
     'sinusoidal'  the fixed encoding of Vaswani et al.;
     'learned'     a trained table of max_length (+1 for the CLS) rows;
+    'sinusoidal2d'  for images read row-major (side x side pixels): the
+                  sinusoidal encoding of the pixel's row in the first half
+                  of the features and of its column in the second half;
+    'learned2d'   for images: a trained row table plus a trained column
+                  table (2 x side rows instead of side**2), initialised
+                  N(0, 0.5) each so that they start as large as the pixel
+                  embeddings (N(0, 1)); a CLS gets its own trained row;
     'none'        no positions at all;
   applied inside attention, nothing added here (models/positions.py and the
   cores that own a relative scheme):
@@ -13,13 +20,16 @@
     'rotary'      rotary embeddings (RoFormer, Su et al. 2021).
 """
 
+import math
+
 from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
 from errors import UserError
 
-ABSOLUTE = ('sinusoidal', 'learned', 'none')
+ABSOLUTE = ('sinusoidal', 'learned', 'sinusoidal2d', 'learned2d', 'none')
+GRID = ('sinusoidal2d', 'learned2d')
 IN_ATTENTION = ('relative', 'pia', 'rotary')
 POSITIONS = ABSOLUTE + IN_ATTENTION
 
@@ -42,6 +52,39 @@ def sinusoidal_LxE(length, dim, offset=0):
   table = np.zeros((length, dim), np.float32)
   table[:, 0::2] = np.sin(pos * inv)
   table[:, 1::2] = np.cos(pos * inv)[:, : dim // 2]
+  return table
+
+
+def grid_layout(total):
+  """(side, lead) of a row-major side x side image after `lead` (0, or 1
+  for the CLS) leading tokens, from the embedder's total length."""
+  for lead in (0, 1):
+    side = math.isqrt(max(total - lead, 0))
+    if side > 0 and side * side == total - lead:
+      return side, lead
+  raise UserError(
+    f'2D positions need square images read row-major: {total} tokens is no '
+    'side x side (+ CLS) image; use --config.model.positions=learned or '
+    'sinusoidal for this task.'
+  )
+
+
+def grid_rows_cols(offset, length, side, lead):
+  """Row and column of positions offset .. offset + length - 1 (the
+  leading tokens get -1)."""
+  q = np.arange(offset, offset + length) - lead
+  return np.where(q < 0, -1, q // side), np.where(q < 0, -1, q % side)
+
+
+def sinusoidal2d_LxE(offset, length, dim, side, lead):
+  """Row encoding in features [0, dim/2), column in [dim/2, dim); zeros
+  for the leading tokens."""
+  half = dim // 2
+  rows, cols = grid_rows_cols(offset, length, side, lead)
+  by_row = sinusoidal_LxE(side, half)
+  by_col = sinusoidal_LxE(side, dim - half)
+  table = np.concatenate([by_row[rows], by_col[cols]], axis=1)
+  table[rows < 0] = 0.0
   return table
 
 
@@ -69,6 +112,13 @@ class Embedder(nnx.Module):
       self.pos_LxE = nnx.Param(
         nnx.initializers.normal(0.02)(rngs.params(), (max_length, emb_dim))
       )
+    if positions in GRID:
+      self.side, self.lead = grid_layout(max_length)
+    if positions == 'learned2d':
+      init = nnx.initializers.normal(0.5)
+      # Rows 0 .. side-1 are the image rows; row `side` is the CLS's.
+      self.row_SxE = nnx.Param(init(rngs.params(), (self.side + 1, emb_dim)))
+      self.col_SxE = nnx.Param(init(rngs.params(), (self.side + 1, emb_dim)))
     self.dtype = dtype
 
   def embed(self, tokens_BxL):
@@ -77,7 +127,7 @@ class Embedder(nnx.Module):
   def add_positions(self, x_BxLxE, offset=0):
     """x plus the absolute positions offset .. offset + L - 1 (identity for
     'none' and the schemes applied inside attention)."""
-    if self.positions not in ('sinusoidal', 'learned'):
+    if self.positions not in ('sinusoidal', 'learned') + GRID:
       return x_BxLxE
     length = x_BxLxE.shape[1]
     if offset + length > self.max_length:
@@ -86,10 +136,18 @@ class Embedder(nnx.Module):
       )
     if self.positions == 'learned':
       pos_LxE = self.pos_LxE[...][offset : offset + length]
-    else:  # A trace-time constant: derivable, so never checkpointed.
+    elif self.positions == 'sinusoidal2d':
       pos_LxE = jnp.asarray(
-        sinusoidal_LxE(length, x_BxLxE.shape[-1], offset)
+        sinusoidal2d_LxE(
+          offset, length, x_BxLxE.shape[-1], self.side, self.lead
+        )
       )
+    elif self.positions == 'learned2d':
+      rows, cols = grid_rows_cols(offset, length, self.side, self.lead)
+      # -1 (a leading token) picks the last row: the CLS's own.
+      pos_LxE = self.row_SxE[...][rows] + self.col_SxE[...][cols]
+    else:  # A trace-time constant: derivable, so never checkpointed.
+      pos_LxE = jnp.asarray(sinusoidal_LxE(length, x_BxLxE.shape[-1], offset))
     return x_BxLxE + pos_LxE.astype(self.dtype)
 
   def __call__(self, tokens_BxL):

@@ -335,3 +335,30 @@ def test_example_figure(tmp_path):
   pathfinder.save_examples(path)
   with Image.open(path) as im:
     assert im.size[0] > 500 and im.size[1] > 200
+
+
+def test_downsample_keeps_each_blocks_brightest_pixel():
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (3, 32 * 32), dtype=np.uint8)
+  small = pathfinder.downsample(images, 32, 2)
+  assert small.shape == (3, 16 * 16) and small.dtype == np.uint8
+  grid = images.reshape(3, 32, 32)
+  for r, c in [(0, 0), (5, 11), (15, 15)]:
+    block = grid[:, 2 * r : 2 * r + 2, 2 * c : 2 * c + 2].reshape(3, 4)
+    np.testing.assert_array_equal(small[:, 16 * r + c], block.max(axis=1))
+  assert pathfinder.downsample(images, 32, 1) is images
+  with pytest.raises(UserError, match='divide the resolution'):
+    pathfinder.cache_name(dict(downsample=3))
+  # The cache keeps full images: downsample is not part of its name.
+  assert pathfinder.cache_name(dict(downsample=2)) == pathfinder.cache_name({})
+
+
+def test_transform_applies_downsample_to_every_split():
+  x = np.arange(2 * 1024, dtype=np.int64).reshape(2, 1024) % 256
+  splits = {s: (x.astype(np.uint8), np.array([0, 1])) for s in cache.SPLITS}
+  task = tasks.get_task('pathfinder')
+  out = task.transform(splits, dict(downsample=2))
+  assert {s: v[0].shape for s, v in out.items()} == {
+    s: (2, 256) for s in cache.SPLITS
+  }
+  assert task.transform(splits, {})['train'][0].shape == (2, 1024)

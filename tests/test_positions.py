@@ -25,7 +25,7 @@ from lra.errors import UserError
 from models.attention import AttentionCore, Mask, known_cores
 from models.attention.reformer import ReformerAttention
 from models.attention.registry import get_core_class
-from models.embeddings import sinusoidal_LxE
+from models.embeddings import Embedder, sinusoidal_LxE
 from models.encoder import Encoder
 from models.layers import MultiHeadAttention
 from models.positions import pia_inputs, rotate
@@ -380,3 +380,32 @@ def test_identical_tokens_carry_no_position_in_values(positions, position_free):
     for proj in (mha.query, mha.key):
       out = proj(pia_inputs(h))
       assert jnp.abs(out - out[:, :1]).max() > 0.1
+
+
+@pytest.mark.parametrize('positions', ['sinusoidal2d', 'learned2d'])
+@pytest.mark.parametrize('lead', [0, 1])
+def test_2d_positions_are_a_row_part_plus_a_column_part(positions, lead):
+  """pos(r, c) = row(r) + col(c) on a side x side image after `lead` CLS
+  tokens: the difference between two columns is the same on every row."""
+  side, dim = 4, 8
+  emb = Embedder(
+    10,
+    dim,
+    side * side + lead,
+    positions,
+    dtype=jnp.float32,
+    rngs=nnx.Rngs(0),
+  )
+  zeros = jnp.zeros((1, side * side + lead, dim))
+  pos = np.asarray(emb.add_positions(zeros)[0, lead:]).reshape(side, side, -1)
+  np.testing.assert_allclose(
+    pos[:, 1] - pos[:, 2],
+    np.broadcast_to(pos[0, 1] - pos[0, 2], (side, dim)),
+    atol=1e-6,
+  )
+  assert np.abs(pos[1, 0] - pos[2, 0]).max() > 1e-3  # rows differ
+  # An offset reads the same table (segments of a recurrent encoder).
+  tail = emb.add_positions(zeros[:, :5], offset=lead + 3)[0]
+  np.testing.assert_allclose(tail, pos.reshape(side * side, -1)[3:8], atol=1e-6)
+  with pytest.raises(UserError, match='square images'):
+    Embedder(10, dim, 7, positions, dtype=jnp.float32, rngs=nnx.Rngs(0))

@@ -71,6 +71,12 @@ class Task:
     resolve = getattr(self._module(), 'resolve', None)
     return resolve(options, data_dir) if resolve and data_dir else options
 
+  def transform(self, splits, options):
+    """The module's `transform(splits, options)` (what the model reads,
+    computed from the cached splits after loading), if it has one."""
+    fn = getattr(self._module(), 'transform', None)
+    return fn(splits, self.options(options)) if fn else splits
+
   def cache_dir(self, data_dir, options):
     options = self.resolved(data_dir, options)
     return os.path.join(data_dir, self.name, self._module().cache_name(options))

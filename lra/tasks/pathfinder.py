@@ -82,8 +82,10 @@ OPTIONS = (
   'seed',
   'variant',
   'workers',
+  'downsample',
   'black_is_padding',  # read by the model builder, not by the data
 )
+DOWNSAMPLE_MODES = ('max', 'mean')
 SOURCES = ('auto', 'generate', 'release')
 # The release's folder per difficulty (lra_benchmarks/data/pathfinder.py):
 # the 6-paddle set is the generator's baseline condition.
@@ -115,9 +117,11 @@ def _options(options):
     raise UserError(
       f'Unknown Pathfinder variant {variant!r}; known: {", ".join(VARIANTS)}.'
     )
-  o = dict(resolution=32, source='auto', seed=0, **VARIANTS[variant])
+  o = dict(
+    resolution=32, source='auto', seed=0, downsample=1, **VARIANTS[variant]
+  )
   o.update({k: v for k, v in options.items() if k != 'variant'})
-  for key in ('resolution', 'seed', 'num_examples'):
+  for key in ('resolution', 'seed', 'num_examples', 'downsample'):
     try:
       o[key] = int(o[key])
     except (TypeError, ValueError):
@@ -128,6 +132,11 @@ def _options(options):
     raise UserError(
       f'Pathfinder resolution {o["resolution"]} is not one of '
       f'{", ".join(map(str, gen.RESOLUTIONS))}; set data.resolution to one.'
+    )
+  if o['downsample'] < 1 or o['resolution'] % o['downsample']:
+    raise UserError(
+      f'data.downsample={o["downsample"]} does not divide the resolution '
+      f'{o["resolution"]}; use 1 (none) or a divisor such as 2.'
     )
   if o['difficulty'] not in gen.CONTOUR_LENGTHS:
     raise UserError(
@@ -168,6 +177,28 @@ def cache_name(options):
     if o['num_examples'] != FULL_SIZE:
       name += f'_n{o["num_examples"]}'
   return name + (f'_seed{o["seed"]}' if o['seed'] else '')
+
+
+def downsample(inputs, resolution, factor):
+  """Images uint8 [n, resolution**2] shrunk by `factor` per side: each
+  factor x factor block becomes its brightest pixel (max pooling keeps the
+  one-pixel-wide dashes and the markers at full contrast; a block mean
+  would fade them), [n, (resolution // factor)**2]."""
+  if factor == 1:
+    return inputs
+  n, side = len(inputs), resolution // factor
+  blocks = np.asarray(inputs).reshape(n, side, factor, side, factor)
+  return blocks.max(axis=(2, 4)).reshape(n, side * side)
+
+
+def transform(splits, options):
+  """The loaded splits as the model reads them: `data.downsample` > 1
+  shrinks every image after loading (the cache keeps the full images)."""
+  o = _options(options)
+  return {
+    s: (downsample(x, o['resolution'], o['downsample']), y)
+    for s, (x, y) in splits.items()
+  }
 
 
 def split_sizes(num):
