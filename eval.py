@@ -4,6 +4,10 @@ python eval.py --workdir DIR [--split test] [--step N | --which latest]
     restores the best checkpoint (default), the latest, or step N, evaluates
     a split and writes DIR/eval_<split>_best.json, eval_<split>_latest.json
     or eval_<split>_step<N>.json (one file per checkpoint evaluated).
+python eval.py --workdir DIR --max_length N
+    the same at another input length (_len<N> added to the file name): a
+    learned position table is extended by copying its trained rows
+    (Longformer); models.embeddings.extend_positions_LxE.
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
     beside the paper's numbers: one row per effective config (runs that
@@ -40,6 +44,13 @@ _SPLIT = flags.DEFINE_enum(
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: best).')
 _WHICH = flags.DEFINE_enum(
   'which', 'best', ['best', 'latest'], 'Checkpoint set to take the step from.'
+)
+_MAX_LENGTH = flags.DEFINE_integer(
+  'max_length',
+  None,
+  "Evaluate at this input length instead of the run's max_length; a "
+  'learned position table is extended by copying its trained rows '
+  '(Longformer). Writes eval_<split>_<which>_len<N>.json.',
 )
 _TABLE = flags.DEFINE_string(
   'table', None, 'Print the accuracy table of the runs below this directory.'
@@ -89,8 +100,15 @@ def output_name(split, which, step, step_given):
   return f'eval_{split}_{which}.json'
 
 
-def evaluate_checkpoint(workdir, split, step=None, which='best'):
+def evaluate_checkpoint(
+  workdir, split, step=None, which='best', max_length=None
+):
   config = load_config(workdir)
+  if max_length is not None and max_length < 1:
+    raise UserError(
+      f'--max_length={max_length} is out of range: it must be an integer '
+      f'>= 1, e.g. --max_length={config.max_length}.'
+    )
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = train.create_state(config, task, replicated)
@@ -117,6 +135,11 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
       f'{e.what}; evaluate another saved one with --step N (latest '
       f'{ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}).'
     ) from None
+  if max_length and max_length != config.max_length:
+    graphdef, state = train.at_length(
+      config, task, replicated, state, max_length
+    )
+    config.max_length = max_length
   data = runtime.load_data(config, task)
   result = runtime.evaluate(
     steps.make_eval_step(graphdef),
@@ -128,6 +151,9 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
   )
   result.update(step=step, split=split, checkpoint=which)
   result['file'] = output_name(split, which, step, step_given)
+  if max_length:
+    result['max_length'] = max_length
+    result['file'] = result['file'][: -len('.json')] + f'_len{max_length}.json'
   if runtime.is_primary():
     write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
@@ -152,13 +178,24 @@ def main(argv):
     elif _WORKDIR.value:
       cli.initialize_processes()
       r = evaluate_checkpoint(
-        _WORKDIR.value, _SPLIT.value, _STEP.value, _WHICH.value
+        _WORKDIR.value,
+        _SPLIT.value,
+        _STEP.value,
+        _WHICH.value,
+        _MAX_LENGTH.value,
       )
       if runtime.is_primary():
+        lm = 'token_accuracy' in r  # an LM objective (lra/objectives.py)
+        score = (
+          f'token accuracy {r["token_accuracy"]:.4f}'
+          if lm
+          else f'accuracy {r["accuracy"]:.4f}'
+        )
         print(
-          f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
-          f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
-          f'examples; wrote {os.path.join(_WORKDIR.value, r["file"])}'
+          f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): {score}, '
+          f'loss {r["loss"]:.4f} over {r["count"]} '
+          f'{"positions" if lm else "examples"}; wrote '
+          f'{os.path.join(_WORKDIR.value, r["file"])}'
         )
     else:
       raise UserError(

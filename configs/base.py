@@ -59,6 +59,20 @@ def get_base_config():
   # 'last' when the validation split is the test set (Text with
   # data.val='test'), else 'best_val' (lra/metrics.py).
   c.select = ''
+  # Fine-tune from another run (lra/pretrained.py): the --workdir of a
+  # (pre)training run whose encoder (embeddings, CLS, blocks, final
+  # LayerNorm) this run starts from, heads and optimizer fresh; '' = none.
+  # A learned position table is extended to a longer max_length by copying
+  # its rows (Longformer). Read only by a fresh run, never on resuming.
+  c.init_from = ''
+  # Which of its checkpoints: 'best' (on validation) or 'latest'.
+  c.init_from_checkpoint = 'best'
+  # Length curriculum (lra/curriculum.py, Shortformer): comma-separated
+  # steps:max_length stages run in order, e.g. '1000:256,2000:1024', then
+  # config.max_length to the end; shorter stages train on crops of the same
+  # examples (classification: the prefix; LM objectives: random windows).
+  # '' = every step at max_length.
+  c.length_schedule = ''
 
   # Peak learning rate.
   c.learning_rate = 0.05
@@ -78,6 +92,14 @@ def get_base_config():
   c.grad_accum_steps = 1
   # Compute dtype of activations: 'float32' or 'bfloat16'. Params stay f32.
   c.dtype = 'float32'
+  # Training objective (lra/objectives.py): 'classify' (the task's labels),
+  # or self-pretraining on the task's own inputs, labels unused:
+  # 'causal_lm' (next-token prediction under a causal mask) or 'masked_lm'
+  # (BERT's denoising: mask_rate of the real tokens chosen, 80% replaced by
+  # a mask id, 10% by a random token, 10% kept; loss on them only).
+  c.objective = 'classify'
+  # Fraction of real tokens chosen per example by masked_lm.
+  c.mask_rate = 0.15
 
   m = c.model = ml_collections.ConfigDict()
   # Transformer blocks.
@@ -127,6 +149,10 @@ def get_base_config():
   # the stacked layout, so a run cannot switch it on resuming). Neither
   # applies to reversible blocks or to the recurrent encoder.
   m.scan_layers = False
+  # LM objectives: the output layer is the token embedding (tied, the
+  # default: the fine-tune inherits the embedding, which the output side
+  # then trains too) or a Linear of its own (False).
+  m.tie_lm_head = True
   return c
 
 

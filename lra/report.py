@@ -128,7 +128,9 @@ def read_runs(runs_dir):
   """One dict per results.json below runs_dir: task, model, label, select,
   accuracy (the selected test accuracy, %), best and last (the two test
   accuracies, %; last None for runs made before test_last existed), data
-  (results' data_source), seed and path."""
+  (results' data_source), seed and path. Runs of an LM objective
+  (results.json `objective` causal_lm or masked_lm: pretraining, token
+  metrics) are left out: they have no classification accuracy."""
   paths = sorted(
     glob.glob(os.path.join(runs_dir, '**', 'results.json'), recursive=True)
   )
@@ -141,6 +143,8 @@ def read_runs(runs_dir):
     results = _load(path)
     if results is None:
       raise UserError(f'{path} is not valid JSON; rerun or remove that run.')
+    if results.get('objective', 'classify') != 'classify':
+      continue  # a pretraining run (causal_lm, masked_lm): no class accuracy
     config = _load(os.path.join(os.path.dirname(path), 'config.json'))
     select = results.get('select') or (
       selection(config) if config else 'best_val'
@@ -161,6 +165,11 @@ def read_runs(runs_dir):
         'seed': (config or {}).get('seed'),
         'path': os.path.dirname(path),
       }
+    )
+  if not runs:
+    raise UserError(
+      f'The runs below {runs_dir} are all pretraining runs (an LM '
+      'objective); the table needs classification runs (fine-tunes).'
     )
   return runs
 
