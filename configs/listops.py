@@ -48,13 +48,14 @@ def get_config(arg=None):
     c.max_length = 200
     base.apply_small(
       c,
-      num_train_steps=3000,
-      warmup_steps=300,
+      num_train_steps=1000,
+      warmup_steps=100,
       num_layers=2,
       emb_dim=128,
       num_heads=4,
       mlp_dim=256,
       dropout_rate=0.0,
+      eval_every_steps=250,
     )
   if 'smoke' in presets:
     c.data.variant = 'smoke'

@@ -138,7 +138,6 @@ def test_models_flag_runs_exactly_the_listed_models():
     select('nope')
 
 
-@pytest.mark.slow  # the selection itself is tested above, in-process
 def test_models_transformer_runs_one_model_only(tmp_path):
   out = str(tmp_path / 'one')
   args = ['--preset=tiny', '--lengths=32', '--batch_size=4', '--steps=1']

@@ -75,7 +75,7 @@ COMPRESSIONS = ('max_pool', 'mean_pool', 'conv1d', 'most_used')
 @register('compressive_transformer')
 class CompressiveTransformerAttention(TransformerXLAttention):
   has_aux_loss = True
-  rotary = 'scores'  # as transformer_xl: restarted in every segment
+  rotary = 'scores'  # as transformer_xl: q and k at their input positions
 
   def __init__(
     self,
