@@ -14,14 +14,18 @@ python eval.py --table RUNS_DIR
     differ only in seed averaged, with n and spread; a config that differs
     from its task file's is labelled with the differences), each run's
     selected test accuracy (config.select: best validation or, marked, the
-    final step), generated-data cells marked (lra/report.py).
+    final step), generated-data cells marked (lra/report.py); then the
+    pretraining runs (an LM objective) with their losses, token accuracy
+    and perplexity.
 python eval.py --table RUNS_DIR --bench BENCH_DIR
     also draws the LRA bubble chart (accuracy vs speed, area = memory) of
     those runs and BENCH_DIR/benchmark.json into BENCH_DIR/lra_bubble.png.
 python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
     loss and accuracy against step (train and val panels, one line per run)
     from each run's metrics.jsonl: curves_loss.png and curves_accuracy.png in
-    DIR (default: the first path given); lra/curves.py.
+    DIR (default: the first path given); for runs of an LM objective also
+    curves_token_accuracy.png and (causal_lm) curves_perplexity.png;
+    lra/curves.py.
 """
 
 import json
@@ -34,7 +38,7 @@ from lra import cli, curves, runtime, steps, tasks, validate
 from lra.checkpoints import CheckpointError, Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
-from lra.report import accuracy_table, bubble_chart
+from lra.report import bubble_chart, tables
 import train
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
@@ -68,7 +72,8 @@ _PLOT = flags.DEFINE_list(
   'plot',
   None,
   'Run folders (or folders of runs), comma-separated: write their loss and '
-  'accuracy curves (curves_loss.png, curves_accuracy.png).',
+  'accuracy curves (curves_loss.png, curves_accuracy.png; LM runs: '
+  'curves_token_accuracy.png, curves_perplexity.png).',
 )
 _PLOT_DIR = flags.DEFINE_string(
   'plot_dir', None, 'With --plot: where the PNGs go (default: the first path).'
@@ -168,7 +173,7 @@ def main(argv):
       written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
       print('wrote ' + ', '.join(written))
     elif _TABLE.value:
-      print(accuracy_table(_TABLE.value))
+      print(tables(_TABLE.value))
       if _BENCH.value:
         print(f'wrote {bubble_chart(_TABLE.value, _BENCH.value)}')
     elif _BENCH.value:

@@ -8,8 +8,9 @@ The same command with the same workdir resumes from the latest checkpoint and
 ends with the same results as an uninterrupted run. Writes config.json,
 metrics.jsonl, checkpoints/{latest,best}/ and results.json: `test` measured on
 the best-on-validation checkpoint, `test_last` on the final step's, `select`
-the one the accuracy table reports (--config.select, lra/metrics.py) and
-`data_source` ('generated' or 'release'). steps/s (metrics.jsonl, progress
+the one the accuracy table reports (--config.select, lra/metrics.py; not
+for an LM objective, whose best checkpoint has the lowest validation loss)
+and `data_source` ('generated' or 'release'). steps/s (metrics.jsonl, progress
 bar) counts training steps only: not compilation, evaluation or saving.
 
 Bad input (config values, paths, data) stops with one `error:` sentence and
@@ -467,6 +468,8 @@ def train_and_evaluate(config, workdir, stop_after=None):
     'select': select,  # the one eval.py --table reports (lra/metrics.py)
     'data_source': runtime.data_source(config, task),
   }
+  if lm:  # no accuracy to report: best is the lowest validation loss
+    del results['select']
   if primary:
     write_json(os.path.join(workdir, 'results.json'), results)
   ckpt.close()
@@ -483,6 +486,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
       f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
       f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
     )
+  if primary:
     print(where_results(workdir, log.tensorboard is not None))
   log.close()
   return results
