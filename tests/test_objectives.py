@@ -157,6 +157,48 @@ def test_causal_lm_logits_at_t_do_not_depend_on_later_tokens(tied, monkeypatch):
     assert np.abs(g[:, : t + 1]).sum() > 0, t
 
 
+@pytest.mark.parametrize('model', ['transformer_xl', 'compressive_transformer'])
+def test_causal_lm_through_the_segment_recurrent_encoder(model, monkeypatch):
+  """The whole recurrent model (models/recurrent.py: 16-token segments, so
+  t = 0, 17, 39 sit in segments 0, 1 and 2 after the CLS): by gradient,
+  and, since the memory carried between segments is a stop-gradient, by
+  changing every token after t, which leaves the logits up to t unchanged."""
+  config = lm_config('causal_lm', model=model)
+  assert config.model.segment_length == 16
+  lm = build_model(config, tasks.get_task('listops'))
+  assert lm.encoder.causal
+  assert type(lm.encoder).__name__ == 'SegmentRecurrentEncoder'
+  tokens = jnp.asarray(padded_batch(n=2, length=64, seed=4)['inputs'])
+  tokens = tokens.at[:, :40].set(jnp.maximum(tokens[:, :40], 1))
+  other = jnp.asarray(np.random.default_rng(5).integers(1, V, tokens.shape))
+  ts = (0, 17, 39)
+  laters = [jnp.where(jnp.arange(64) > t, other, tokens) for t in ts]
+  lookup = lm.encoder.embed.tokens  # the table, before embed is replaced
+  given = {}  # the token vectors fed to the model in place of its lookup
+  monkeypatch.setattr(Embedder, 'embed', lambda self, t: given['x'])
+
+  def forward(x, tokens):
+    given['x'] = x
+    return lm(tokens)[0]
+
+  @jax.jit
+  def check(x):
+    """(logits, d sum(logits[:, t]^2) / d x per t, logits with the tokens
+    after t changed per t)."""
+    logits, vjp = jax.vjp(lambda x: forward(x, tokens), x)
+    at = jnp.arange(logits.shape[1])
+    grads = [vjp(2 * logits * (at == t)[None, :, None])[0] for t in ts]
+    return logits, grads, [forward(lookup(b), b) for b in laters]
+
+  logits, grads, changed = check(lookup(tokens))
+  for t, g, got in zip(ts, grads, changed):
+    g = np.asarray(g)
+    assert (g[:, t + 1 :] == 0).all(), t
+    assert np.abs(g[:, : t + 1]).sum() > 0, t
+    np.testing.assert_allclose(got[:, : t + 1], logits[:, : t + 1], atol=1e-6)
+    assert not np.allclose(got[:, t + 1 :], logits[:, t + 1 :]), t
+
+
 def test_causal_lm_trains_on_listops_smoke(smoke_data_dir, tmp_path):
   config = lm_config('causal_lm', data_dir=smoke_data_dir)
   workdir = str(tmp_path / 'clm')
