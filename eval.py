@@ -4,20 +4,28 @@ python eval.py --workdir DIR [--split test] [--step N | --which latest]
     restores the best checkpoint (default), the latest, or step N, evaluates
     a split and writes DIR/eval_<split>_best.json, eval_<split>_latest.json
     or eval_<split>_step<N>.json (one file per checkpoint evaluated).
+python eval.py --workdir DIR --max_length N
+    the same at another input length (_len<N> added to the file name): a
+    learned position table is extended by copying its trained rows
+    (Longformer); models.embeddings.extend_positions_LxE.
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
     beside the paper's numbers: one row per effective config (runs that
     differ only in seed averaged, with n and spread; a config that differs
     from its task file's is labelled with the differences), each run's
     selected test accuracy (config.select: best validation or, marked, the
-    final step), generated-data cells marked (lra/report.py).
+    final step), generated-data cells marked (lra/report.py); then the
+    pretraining runs (an LM objective) with their losses, token accuracy
+    and perplexity.
 python eval.py --table RUNS_DIR --bench BENCH_DIR
     also draws the LRA bubble chart (accuracy vs speed, area = memory) of
     those runs and BENCH_DIR/benchmark.json into BENCH_DIR/lra_bubble.png.
 python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
     loss and accuracy against step (train and val panels, one line per run)
     from each run's metrics.jsonl: curves_loss.png and curves_accuracy.png in
-    DIR (default: the first path given); lra/curves.py.
+    DIR (default: the first path given); for runs of an LM objective also
+    curves_token_accuracy.png and (causal_lm) curves_perplexity.png;
+    lra/curves.py.
 """
 
 import json
@@ -30,7 +38,7 @@ from lra import cli, curves, runtime, steps, tasks, validate
 from lra.checkpoints import CheckpointError, Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
-from lra.report import accuracy_table, bubble_chart
+from lra.report import bubble_chart, tables
 import train
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
@@ -40,6 +48,13 @@ _SPLIT = flags.DEFINE_enum(
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: best).')
 _WHICH = flags.DEFINE_enum(
   'which', 'best', ['best', 'latest'], 'Checkpoint set to take the step from.'
+)
+_MAX_LENGTH = flags.DEFINE_integer(
+  'max_length',
+  None,
+  "Evaluate at this input length instead of the run's max_length; a "
+  'learned position table is extended by copying its trained rows '
+  '(Longformer). Writes eval_<split>_<which>_len<N>.json.',
 )
 _TABLE = flags.DEFINE_string(
   'table', None, 'Print the accuracy table of the runs below this directory.'
@@ -57,7 +72,8 @@ _PLOT = flags.DEFINE_list(
   'plot',
   None,
   'Run folders (or folders of runs), comma-separated: write their loss and '
-  'accuracy curves (curves_loss.png, curves_accuracy.png).',
+  'accuracy curves (curves_loss.png, curves_accuracy.png; LM runs: '
+  'curves_token_accuracy.png, curves_perplexity.png).',
 )
 _PLOT_DIR = flags.DEFINE_string(
   'plot_dir', None, 'With --plot: where the PNGs go (default: the first path).'
@@ -89,8 +105,15 @@ def output_name(split, which, step, step_given):
   return f'eval_{split}_{which}.json'
 
 
-def evaluate_checkpoint(workdir, split, step=None, which='best'):
+def evaluate_checkpoint(
+  workdir, split, step=None, which='best', max_length=None
+):
   config = load_config(workdir)
+  if max_length is not None and max_length < 1:
+    raise UserError(
+      f'--max_length={max_length} is out of range: it must be an integer '
+      f'>= 1, e.g. --max_length={config.max_length}.'
+    )
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = train.create_state(config, task, replicated)
@@ -117,6 +140,11 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
       f'{e.what}; evaluate another saved one with --step N (latest '
       f'{ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}).'
     ) from None
+  if max_length and max_length != config.max_length:
+    graphdef, state = train.at_length(
+      config, task, replicated, state, max_length
+    )
+    config.max_length = max_length
   data = runtime.load_data(config, task)
   result = runtime.evaluate(
     steps.make_eval_step(graphdef),
@@ -128,6 +156,9 @@ def evaluate_checkpoint(workdir, split, step=None, which='best'):
   )
   result.update(step=step, split=split, checkpoint=which)
   result['file'] = output_name(split, which, step, step_given)
+  if max_length:
+    result['max_length'] = max_length
+    result['file'] = result['file'][: -len('.json')] + f'_len{max_length}.json'
   if runtime.is_primary():
     write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
@@ -142,7 +173,7 @@ def main(argv):
       written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
       print('wrote ' + ', '.join(written))
     elif _TABLE.value:
-      print(accuracy_table(_TABLE.value))
+      print(tables(_TABLE.value))
       if _BENCH.value:
         print(f'wrote {bubble_chart(_TABLE.value, _BENCH.value)}')
     elif _BENCH.value:
@@ -152,13 +183,24 @@ def main(argv):
     elif _WORKDIR.value:
       cli.initialize_processes()
       r = evaluate_checkpoint(
-        _WORKDIR.value, _SPLIT.value, _STEP.value, _WHICH.value
+        _WORKDIR.value,
+        _SPLIT.value,
+        _STEP.value,
+        _WHICH.value,
+        _MAX_LENGTH.value,
       )
       if runtime.is_primary():
+        lm = 'token_accuracy' in r  # an LM objective (lra/objectives.py)
+        score = (
+          f'token accuracy {r["token_accuracy"]:.4f}'
+          if lm
+          else f'accuracy {r["accuracy"]:.4f}'
+        )
         print(
-          f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): accuracy '
-          f'{r["accuracy"]:.4f}, loss {r["loss"]:.4f} over {r["count"]} '
-          f'examples; wrote {os.path.join(_WORKDIR.value, r["file"])}'
+          f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): {score}, '
+          f'loss {r["loss"]:.4f} over {r["count"]} '
+          f'{"positions" if lm else "examples"}; wrote '
+          f'{os.path.join(_WORKDIR.value, r["file"])}'
         )
     else:
       raise UserError(

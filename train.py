@@ -8,8 +8,9 @@ The same command with the same workdir resumes from the latest checkpoint and
 ends with the same results as an uninterrupted run. Writes config.json,
 metrics.jsonl, checkpoints/{latest,best}/ and results.json: `test` measured on
 the best-on-validation checkpoint, `test_last` on the final step's, `select`
-the one the accuracy table reports (--config.select, lra/metrics.py) and
-`data_source` ('generated' or 'release'). steps/s (metrics.jsonl, progress
+the one the accuracy table reports (--config.select, lra/metrics.py; not
+for an LM objective, whose best checkpoint has the lowest validation loss)
+and `data_source` ('generated' or 'release'). steps/s (metrics.jsonl, progress
 bar) counts training steps only: not compilation, evaluation or saving.
 
 Bad input (config values, paths, data) stops with one `error:` sentence and
@@ -18,6 +19,13 @@ moved to checkpoints/unreadable/ with a warning and the run resumes from the
 newest readable one. After a non-finite loss (or parameters), run the same
 command with a lower --config.learning_rate or a --config.grad_clip_norm: it
 resumes from the last good checkpoint and records the change (configs/base.py).
+
+--config.init_from=DIR starts a fresh run from the encoder of DIR's best
+(or --config.init_from_checkpoint=latest) checkpoint, heads and optimizer
+fresh (lra/pretrained.py; recorded as a metrics.jsonl row of split
+'config' at step 0). --config.length_schedule=1000:256,2000:1024 trains
+the first steps on shorter crops (lra/curriculum.py; each train row of
+metrics.jsonl then records its `length`).
 """
 
 import json
@@ -33,7 +41,17 @@ from ml_collections import config_flags
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, cli, runtime, steps, tasks, validate
+from lra import (
+  batching,
+  cli,
+  curriculum,
+  objectives,
+  pretrained,
+  runtime,
+  steps,
+  tasks,
+  validate,
+)
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
 from lra.metrics import (
@@ -44,6 +62,7 @@ from lra.metrics import (
   write_json,
 )
 from models.classifier import build_model
+from models.embeddings import fit_for_fine_tune
 
 
 class NonFiniteLoss(Exception):
@@ -57,6 +76,40 @@ def create_state(config, task, replicated):
   optimizer = nnx.Optimizer(model, steps.make_optimizer(config), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   return graphdef, jax.device_put(state, replicated)
+
+
+def init_from(config, state):
+  """(state whose encoder is config.init_from's, the step read), or
+  (state, None) without init_from (lra/pretrained.py). The learned position
+  table is extended by copying (Longformer) when this run is longer (the
+  CLS row stays first); a language model's extra token row (its mask id)
+  is dropped (models.embeddings.fit_for_fine_tune)."""
+  if not config.init_from:
+    return state, None
+  keep = int(config.model.pooling == 'cls')
+  return pretrained.load_encoder(
+    state,
+    config.init_from,
+    config.init_from_checkpoint,
+    resize=lambda path, a, shape: fit_for_fine_tune(path, a, shape, keep),
+  )
+
+
+def at_length(config, task, replicated, state, max_length):
+  """(graphdef, state) of the same model built for `max_length`, with the
+  parameters of `state` (eval.py --max_length): a learned position table is
+  extended by copying its rows (Longformer); the optimizer state is fresh."""
+  longer = config.copy_and_resolve_references()
+  with longer.unlocked():
+    longer.max_length = max_length
+  graphdef, fresh = create_state(longer, task, replicated)
+  keep = int(config.model.pooling == 'cls')
+  return graphdef, pretrained.transplant(
+    state,
+    fresh,
+    resize=lambda path, a, shape: fit_for_fine_tune(path, a, shape, keep),
+    length=max_length,
+  )
 
 
 # ----------------------------------------------------------------- loop
@@ -130,18 +183,26 @@ def train_and_evaluate(config, workdir, stop_after=None):
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
   changes = runtime.check_resume(config, workdir)
+  stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
   train_step = steps.make_train_step(graphdef)
   eval_step = steps.make_eval_step(graphdef)
 
   # ---- restore
   resuming = any(saved_steps(workdir).values())
+  # A fresh run reads init_from before the workdir exists (a bad one is
+  # one sentence, nothing created); a resumed run has its own parameters.
+  init_step = None
+  if not resuming:
+    state, init_step = init_from(config, state)
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
   start, best = 0, {'step': None, 'accuracy': -1.0, 'val': None}
   if resuming:
     start, state, best = resume_state(ckpt, state)
   resuming = resuming and start > 0
+  if not resuming and init_step is None:  # no checkpoint was readable
+    state, init_step = init_from(config, state)
   changes = changes if resuming else {}
   # Every process has read the workdir; from here on process 0 alone writes
   # config.json, metrics.jsonl, results.json and the progress bar (all of
@@ -155,6 +216,19 @@ def train_and_evaluate(config, workdir, stop_after=None):
   log = MetricsLog(
     workdir, resume_step=start if start else None, primary=primary
   )
+  if init_step is not None:
+    log.write(
+      0,
+      'config',
+      init_from=os.path.abspath(config.init_from),
+      init_from_checkpoint=config.init_from_checkpoint,
+      init_from_step=init_step,
+    )
+    if primary:
+      print(
+        f'Encoder from {config.init_from} ({config.init_from_checkpoint} '
+        f'checkpoint, step {init_step}); heads and optimizer fresh.'
+      )
   if changes:
     log.write(start, 'config', changes={k: list(v) for k, v in changes.items()})
   if changes and primary:
@@ -187,6 +261,8 @@ def train_and_evaluate(config, workdir, stop_after=None):
   timer = StepTimer()
   schedule = steps.learning_rate_schedule(config)
   accum = max(config.grad_accum_steps, 1)
+  lm = objectives.is_lm(config)
+  acc_key = objectives.accuracy_key(config)
 
   def flush(step):
     """Syncs pending step metrics; raises NonFiniteLoss naming the step."""
@@ -223,10 +299,16 @@ def train_and_evaluate(config, workdir, stop_after=None):
         step,
         'train',
         loss=mean('loss'),
-        accuracy=acc,
+        **{acc_key: acc},
         grad_norm=mean('grad_norm'),
         learning_rate=lr,
         steps_per_sec=rate,
+        # The curriculum's input length at this step (lra/curriculum.py).
+        **(
+          {'length': curriculum.length_at(stages, step, config.max_length)}
+          if stages
+          else {}
+        ),
       )
 
   def save(step):
@@ -255,6 +337,35 @@ def train_and_evaluate(config, workdir, stop_after=None):
         process_index=jax.process_index(),
         process_count=jax.process_count(),
       )
+      length = curriculum.length_at(stages, step, config.max_length)
+      new_stage = length != curriculum.length_at(
+        stages, step - 1, config.max_length
+      )
+      if stages:  # Shortformer's curriculum: a crop of the same rows
+        batch['inputs'] = curriculum.crop(
+          batch['inputs'],
+          length,
+          windows=lm,
+          seed=config.seed,
+          step=step - 1,
+          pad_id=0 if config.data.get('black_is_padding') else task.pad_id,
+          rows=batching.host_slice(
+            config.batch_size, jax.process_index(), jax.process_count()
+          ),
+          global_rows=config.batch_size,
+        )
+      if lm:  # the objective's inputs, targets and weights (masks: step)
+        batch = objectives.lm_batch(
+          batch,
+          config,
+          task,
+          stream='train',
+          index=step - 1,
+          rows=batching.host_slice(
+            config.batch_size, jax.process_index(), jax.process_count()
+          ),
+          global_batch=config.batch_size,
+        )
       state, metrics = train_step(
         state,
         runtime.to_device(batch, batch_sharding),
@@ -262,7 +373,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
       )
       pending.append((step, metrics))
       bar.update(1)
-      if step == start + 1:  # it compiled the step: time from its end on
+      if step == start + 1 or new_stage:  # it compiled: time from its end
         jax.block_until_ready(metrics)
         timer.resume(step)
       last = step == config.num_train_steps
@@ -275,12 +386,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
         )
         log.write(step, 'val', **val)
         if primary:
-          tqdm.write(
-            f'step {step}: val accuracy {val["accuracy"]:.4f} '
-            f'loss {val["loss"]:.4f}'
-          )
-        if val['accuracy'] > best['accuracy']:
-          best = {'step': step, 'accuracy': val['accuracy'], 'val': val}
+          tqdm.write(f'step {step}: val {objectives.describe(val, config)}')
+        if objectives.better(val, best, config):
+          best = {'step': step, 'accuracy': val[acc_key], 'val': val}
           ckpt.save('best', step, state, {'step': step, 'best': best})
         timer.resume(step)  # steps/s counts training steps only
       if step % config.checkpoint_every_steps == 0 or last:
@@ -330,7 +438,7 @@ def train_and_evaluate(config, workdir, stop_after=None):
     val = runtime.evaluate(
       eval_step, state, data['val'], config, batch_sharding, desc='val'
     )
-    best = {'step': last_good, 'accuracy': val['accuracy'], 'val': val}
+    best = {'step': last_good, 'accuracy': val[acc_key], 'val': val}
     ckpt.save('best', last_good, state, {'step': last_good, 'best': best})
 
   # ---- test the best-on-validation checkpoint and the final step's
@@ -349,6 +457,9 @@ def train_and_evaluate(config, workdir, stop_after=None):
     'task': config.task,
     'model': config.model_name,
     'preset': config.preset,
+    # 'classify', or an LM objective: then val/test hold loss,
+    # token_accuracy (and perplexity), not classification accuracies.
+    'objective': objectives.objective(config),
     'best_step': best['step'],
     'val': best['val'],
     'test': test,
@@ -357,15 +468,25 @@ def train_and_evaluate(config, workdir, stop_after=None):
     'select': select,  # the one eval.py --table reports (lra/metrics.py)
     'data_source': runtime.data_source(config, task),
   }
+  if lm:  # no accuracy to report: best is the lowest validation loss
+    del results['select']
   if primary:
     write_json(os.path.join(workdir, 'results.json'), results)
   ckpt.close()
-  if primary:
+  if primary and lm:
+    print(
+      f'best step {best["step"]} (lowest val loss): val '
+      f'{objectives.describe(best["val"], config)}; test '
+      f'{objectives.describe(test, config)}; final step {last_step}: test '
+      f'{objectives.describe(test_last, config)}'
+    )
+  elif primary:
     print(
       f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
       f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
       f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
     )
+  if primary:
     print(where_results(workdir, log.tensorboard is not None))
   log.close()
   return results

@@ -26,7 +26,8 @@ def get_base_config():
   c = ml_collections.ConfigDict()
   # Task registry key (lra/tasks/__init__.py); set by the task file.
   c.task = ''
-  # Presets applied, e.g. 'small' ('' = the LRA reference configuration).
+  # Presets applied, e.g. 'small' or 'small,spt' (the alias small_spt; ''
+  # = the LRA reference configuration).
   c.preset = ''
   # Model registry key (configs/models.py); set from the `:<model>` argument.
   c.model_name = ''
@@ -59,6 +60,20 @@ def get_base_config():
   # 'last' when the validation split is the test set (Text with
   # data.val='test'), else 'best_val' (lra/metrics.py).
   c.select = ''
+  # Fine-tune from another run (lra/pretrained.py): the --workdir of a
+  # (pre)training run whose encoder (embeddings, CLS, blocks, final
+  # LayerNorm) this run starts from, heads and optimizer fresh; '' = none.
+  # A learned position table is extended to a longer max_length by copying
+  # its rows (Longformer). Read only by a fresh run, never on resuming.
+  c.init_from = ''
+  # Which of its checkpoints: 'best' (on validation) or 'latest'.
+  c.init_from_checkpoint = 'best'
+  # Length curriculum (lra/curriculum.py, Shortformer): comma-separated
+  # steps:max_length stages run in order, e.g. '1000:256,2000:1024', then
+  # config.max_length to the end; shorter stages train on crops of the same
+  # examples (classification: the prefix; LM objectives: random windows).
+  # '' = every step at max_length.
+  c.length_schedule = ''
 
   # Peak learning rate.
   c.learning_rate = 0.05
@@ -78,6 +93,14 @@ def get_base_config():
   c.grad_accum_steps = 1
   # Compute dtype of activations: 'float32' or 'bfloat16'. Params stay f32.
   c.dtype = 'float32'
+  # Training objective (lra/objectives.py): 'classify' (the task's labels),
+  # or self-pretraining on the task's own inputs, labels unused:
+  # 'causal_lm' (next-token prediction under a causal mask) or 'masked_lm'
+  # (BERT's denoising: mask_rate of the real tokens chosen, 80% replaced by
+  # a mask id, 10% by a random token, 10% kept; loss on them only).
+  c.objective = 'classify'
+  # Fraction of real tokens chosen per example by masked_lm.
+  c.mask_rate = 0.15
 
   m = c.model = ml_collections.ConfigDict()
   # Transformer blocks.
@@ -127,6 +150,10 @@ def get_base_config():
   # the stacked layout, so a run cannot switch it on resuming). Neither
   # applies to reversible blocks or to the recurrent encoder.
   m.scan_layers = False
+  # LM objectives: the output layer is the token embedding (tied, the
+  # default: the fine-tune inherits the embedding, which the output side
+  # then trains too) or a Linear of its own (False).
+  m.tie_lm_head = True
   return c
 
 
@@ -193,23 +220,43 @@ def apply_smoke(c, max_length=64):
   c.model.segment_length = 16
 
 
+def apply_spt(c):
+  """The `spt` preset (self-pretraining, Amos, Berant and Gupta, "Never
+  Train from Scratch", arXiv 2310.02980): the same model and schedule
+  trained with the masked_lm objective on the task's own training inputs,
+  labels unused (lra/objectives.py). The fine-tune is the run without
+  `spt`, started from its encoder with --config.init_from (lra.sweep does
+  both with --preset small_spt). --config.objective=causal_lm pretrains
+  left to right instead (not every core can be causal)."""
+  c.objective = 'masked_lm'
+
+
 def finalize(c, presets):
-  """Checks the preset names and locks the config (a misspelt key fails)."""
+  """Checks the preset names, applies `spt` and locks the config (a
+  misspelt key fails)."""
   unknown = [p for p in presets if p not in PRESETS]
   if unknown:
-    raise ValueError(
-      f'Unknown preset {unknown[0]!r}; known presets: {", ".join(PRESETS)}.'
-    )
+    known = ', '.join((*PRESETS, *ALIASES))
+    raise ValueError(f'Unknown preset {unknown[0]!r}; known presets: {known}.')
+  if 'spt' in presets:
+    apply_spt(c)
   c.preset = ','.join(presets)
   c.lock()
   return c
 
 
-# Preset names understood by every task file (each task defines what they do).
-PRESETS = ('small', 'smoke')
+# Preset names understood by every task file (each task defines what
+# `small` and `smoke` do; `spt` is apply_spt on top of them).
+PRESETS = ('small', 'smoke', 'spt')
+# Shorthands: `small_spt` is `small,spt` (the config records 'small,spt').
+ALIASES = {'small_spt': ('small', 'spt'), 'smoke_spt': ('smoke', 'spt')}
+# Pretraining presets and the preset of their fine-tune (lra.sweep).
+FINE_TUNE_PRESET = {'spt': '', 'small_spt': 'small', 'smoke_spt': 'smoke'}
 
 
 def parse_arg(arg):
-  """'performer,small' -> ('performer', ['small'])."""
+  """'performer,small' -> ('performer', ['small']); an alias is expanded
+  ('transformer,small_spt' -> ('transformer', ['small', 'spt']))."""
   parts = [p.strip() for p in (arg or 'transformer').split(',') if p.strip()]
-  return parts[0], parts[1:]
+  presets = [q for p in parts[1:] for q in ALIASES.get(p, (p,))]
+  return parts[0], list(dict.fromkeys(presets))

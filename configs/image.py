@@ -5,6 +5,16 @@ Run:
   python train.py --config configs/image.py:transformer --workdir runs/image
   python train.py --config configs/image.py:transformer,small --workdir runs/s
 
+Self-pretraining (configs/base.py apply_spt; Amos, Berant and Gupta, "Never
+Train from Scratch"): pretrain on the task's own inputs with masked_lm, then
+fine-tune from its encoder, two commands:
+  python train.py --config configs/image.py:transformer,small_spt \
+    --workdir runs/spt
+  python train.py --config configs/image.py:transformer,small \
+    --workdir runs/ft --config.init_from=runs/spt
+or both: python -m lra.sweep --tasks image --models transformer \
+    --preset small_spt --out runs/x
+
 Reference values: the reference harness's final
 lra_benchmarks/image/configs/cifar10/base_cifar10_config.py (batch 256, Adam
 0.9/0.98/1e-9, no weight decay, lr 0.0005 x linear warmup 175 x cosine decay,
@@ -25,6 +35,10 @@ performer 42.77.
 Presets:
   small: the whole image, 64-wide, 1 layer, batch 32, about 1 epoch in about
     10 minutes on 2 CPU cores; clearly above chance (10%).
+  small_spt: `small,spt`: the `small` model, schedule and steps with
+    objective masked_lm (labels unused); the fine-tune is `small` with
+    --config.init_from. `spt` alone pretrains the reference configuration;
+    smoke_spt is `smoke,spt`.
   smoke: a few seconds, for tests (reads the same release files; the model
     sees the first 64 pixels only).
 """

@@ -4,6 +4,16 @@ Run:
   python train.py --config configs/listops.py:transformer --workdir runs/listops
   python train.py --config configs/listops.py:transformer,small --workdir runs/s
 
+Self-pretraining (configs/base.py apply_spt; Amos, Berant and Gupta, "Never
+Train from Scratch"): pretrain on the task's own inputs with masked_lm, then
+fine-tune from its encoder, two commands:
+  python train.py --config configs/listops.py:transformer,small_spt \
+    --workdir runs/spt
+  python train.py --config configs/listops.py:transformer,small \
+    --workdir runs/ft --config.init_from=runs/spt
+or both: python -m lra.sweep --tasks listops --models transformer \
+    --preset small_spt --out runs/x
+
 Reference values: the reference harness's final
 lra_benchmarks/listops/configs/base_listops_config.py (batch 32, Adam 0.9/0.98/
 1e-9, weight decay 0.1, lr 0.05 x linear warmup 1000 x rsqrt decay, 5,000
@@ -20,6 +30,10 @@ performer 18.01.
 Presets:
   small: 128-wide, 2 layers, trees of 16-200 tokens (depth <= 6), 30k train
     examples, about 10 minutes on 2 CPU cores; clearly above majority class.
+  small_spt: `small,spt`: the `small` model, schedule and steps with
+    objective masked_lm (labels unused); the fine-tune is `small` with
+    --config.init_from. `spt` alone pretrains the reference configuration;
+    smoke_spt is `smoke,spt`.
   smoke: a few seconds, for tests.
 """
 

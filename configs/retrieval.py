@@ -6,6 +6,16 @@ Run:
   python train.py --config configs/retrieval.py:transformer,small \
     --workdir runs/s
 
+Self-pretraining (configs/base.py apply_spt; Amos, Berant and Gupta, "Never
+Train from Scratch"): pretrain on the task's own inputs with masked_lm, then
+fine-tune from its encoder, two commands:
+  python train.py --config configs/retrieval.py:transformer,small_spt \
+    --workdir runs/spt
+  python train.py --config configs/retrieval.py:transformer,small \
+    --workdir runs/ft --config.init_from=runs/spt
+or both: python -m lra.sweep --tasks retrieval --models transformer \
+    --preset small_spt --out runs/x
+
 Reference values: the reference harness's final
 lra_benchmarks/matching/configs/base_match_config.py (batch 32, Adam 0.9/
 0.98/1e-9, weight decay 0.1, lr 0.05 x linear warmup 8000 x rsqrt decay,
@@ -31,6 +41,10 @@ performer 53.82.
 Presets:
   small: 1,024 bytes per document, 64-wide, 2 layers; learns slowly on a CPU
     (evaluating 18,090 pairs is the slow part), a GPU is better.
+  small_spt: `small,spt`: the `small` model, schedule and steps with
+    objective masked_lm (labels unused); the fine-tune is `small` with
+    --config.init_from. `spt` alone pretrains the reference configuration;
+    smoke_spt is `smoke,spt`.
   smoke: a few seconds, for tests (reads the same release files).
 """
 

@@ -11,6 +11,16 @@ Run:
   python train.py --config configs/text.py:transformer --workdir runs/tref \
     --config.data.val=test
 
+Self-pretraining (configs/base.py apply_spt; Amos, Berant and Gupta, "Never
+Train from Scratch"): pretrain on the task's own inputs with masked_lm, then
+fine-tune from its encoder, two commands:
+  python train.py --config configs/text.py:transformer,small_spt \
+    --workdir runs/spt
+  python train.py --config configs/text.py:transformer,small \
+    --workdir runs/ft --config.init_from=runs/spt
+or both: python -m lra.sweep --tasks text --models transformer \
+    --preset small_spt --out runs/x
+
 Reference values: the reference harness's final
 lra_benchmarks/text_classification/configs/base_tc_config.py (batch 32, Adam
 0.9/0.98/1e-9, weight decay 0.1, lr 0.05 x linear warmup 8000 x rsqrt decay,
@@ -33,6 +43,10 @@ Presets:
   small: 512 bytes, 128-wide, 2 layers (validation on the held-out 2,500
     reviews, as by default), about 10 minutes on 2 CPU cores; clearly above
     chance (50%).
+  small_spt: `small,spt`: the `small` model, schedule and steps with
+    objective masked_lm (labels unused); the fine-tune is `small` with
+    --config.init_from. `spt` alone pretrains the reference configuration;
+    smoke_spt is `smoke,spt`.
   smoke: a few seconds, for tests (reads the same release files).
 """
 

@@ -2,16 +2,23 @@
 
 `python eval.py --plot RUN_OR_RUNS_DIR[,...]` writes `curves_loss.png` and
 `curves_accuracy.png`: one panel per split (train, val), one line per run,
-labelled with the run's folder. TensorBoard is not needed (its scalars are
-written too when a writer is installed: lra/metrics.py).
+labelled with the run's folder. Runs of an LM objective (lra/objectives.py)
+log token_accuracy instead of accuracy, and causal_lm runs a validation
+perplexity: then `curves_token_accuracy.png` and `curves_perplexity.png`
+are written too (a causal_lm run's train perplexity is exp of its logged
+train loss), and `curves_accuracy.png` only when some run has an accuracy.
+TensorBoard is not needed (its scalars are written too when a writer is
+installed: lra/metrics.py).
 """
 
+import json
+import math
 import os
 
 from lra.errors import UserError
 from lra.metrics import read_rows
 
-METRICS = ('loss', 'accuracy')
+METRICS = ('loss', 'accuracy', 'token_accuracy', 'perplexity')
 SPLITS = ('train', 'val')
 NAMES = {m: f'curves_{m}.png' for m in METRICS}
 
@@ -47,6 +54,13 @@ def series(runs):
   out = {(m, s): {} for m in METRICS for s in SPLITS}
   for run, label in zip(runs, labels):
     rows = read_rows(os.path.join(run, 'metrics.jsonl'))
+    if _objective(run) == 'causal_lm':
+      rows = [
+        dict(r, perplexity=math.exp(min(r['loss'], 700.0)))
+        if r.get('split') == 'train' and 'loss' in r
+        else r
+        for r in rows
+      ]
     for (metric, split), lines in out.items():
       points = [
         (r['step'], r[metric])
@@ -59,9 +73,31 @@ def series(runs):
   return out
 
 
+def _objective(run):
+  """The run's config.json objective ('classify' when it has none)."""
+  try:
+    with open(os.path.join(run, 'config.json')) as f:
+      return json.load(f).get('objective', 'classify')
+  except (OSError, ValueError, AttributeError):
+    return 'classify'
+
+
+def drawn(data):
+  """The metrics plotted: loss; accuracy unless only LM runs have a token
+  accuracy; token_accuracy and perplexity when some run logged them."""
+  has = {m: any(data[m, s] for s in SPLITS) for m in METRICS}
+  keep = {
+    'loss': True,
+    'accuracy': has['accuracy'] or not has['token_accuracy'],
+    'token_accuracy': has['token_accuracy'],
+    'perplexity': has['perplexity'],
+  }
+  return [m for m in METRICS if keep[m]]
+
+
 def plot(paths, out_dir=None):
-  """Writes the two PNGs into out_dir (default: the first path); returns
-  ([png paths], series)."""
+  """Writes the PNGs (`drawn`) into out_dir (default: the first path);
+  returns ([png paths], series)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -72,7 +108,7 @@ def plot(paths, out_dir=None):
   out_dir = out_dir or paths[0]
   os.makedirs(out_dir, exist_ok=True)
   written = []
-  for metric in METRICS:
+  for metric in drawn(data):
     fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4), squeeze=False)
     for ax, split in zip(axes[0], SPLITS):
       for label, (steps, values) in data[metric, split].items():

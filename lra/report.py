@@ -24,6 +24,13 @@ Each run reports one test accuracy, chosen by its model selection
 (results.json `select`, lra/metrics.py): the best-validation checkpoint's
 (`test`) or the final step's (`test_last`, marked ‡). Rows whose data were
 generated here rather than read from the release files are marked †.
+
+A fine-tune (config init_from, lra/pretrained.py) shows the run it started
+from by that run's preset and differences, `init_from=(small, spt)` (with
+its model first when it is another), not by its folder: fine-tunes of the
+same recipe share a row across tasks. Runs of an LM objective (causal_lm,
+masked_lm: pretraining) have no accuracy: `tables` lists them apart with
+their losses (pretraining_table).
 """
 
 import functools
@@ -92,8 +99,27 @@ def config_differences(config, reference):
       continue
     if run[key] != ref.get(key, object()):
       shown = key[len('model.') :] if key.startswith('model.') else key
-      out.append(f'{shown}={_value(run[key])}')
+      value = _value(run[key])
+      if key == 'init_from':
+        value = source_label(run[key], config.get('model_name'))
+      out.append(f'{shown}={value}')
   return out
+
+
+def source_label(init_from, model):
+  """'(small, spt)': the run a fine-tune started from, by its preset and
+  differences (its model first when not `model`); '(<folder name>)' when
+  its results.json or config.json cannot be read from here."""
+  results = _load(os.path.join(init_from, 'results.json'))
+  config = _load(os.path.join(init_from, 'config.json'))
+  if not results or not config:
+    return f'({os.path.basename(os.path.normpath(init_from))})'
+  label = run_label(results, config)
+  head, _, inner = label.partition(' [')
+  inner = inner[:-1] if inner else ''
+  if head != model:
+    inner = f'{head}: {inner}' if inner else head
+  return f'({inner})'
 
 
 def run_label(results, config):
@@ -128,7 +154,9 @@ def read_runs(runs_dir):
   """One dict per results.json below runs_dir: task, model, label, select,
   accuracy (the selected test accuracy, %), best and last (the two test
   accuracies, %; last None for runs made before test_last existed), data
-  (results' data_source), seed and path."""
+  (results' data_source), seed and path. Runs of an LM objective
+  (results.json `objective` causal_lm or masked_lm: pretraining, token
+  metrics) are left out: they have no classification accuracy."""
   paths = sorted(
     glob.glob(os.path.join(runs_dir, '**', 'results.json'), recursive=True)
   )
@@ -141,6 +169,8 @@ def read_runs(runs_dir):
     results = _load(path)
     if results is None:
       raise UserError(f'{path} is not valid JSON; rerun or remove that run.')
+    if results.get('objective', 'classify') != 'classify':
+      continue  # a pretraining run (causal_lm, masked_lm): no class accuracy
     config = _load(os.path.join(os.path.dirname(path), 'config.json'))
     select = results.get('select') or (
       selection(config) if config else 'best_val'
@@ -161,6 +191,11 @@ def read_runs(runs_dir):
         'seed': (config or {}).get('seed'),
         'path': os.path.dirname(path),
       }
+    )
+  if not runs:
+    raise UserError(
+      f'The runs below {runs_dir} are all pretraining runs (an LM '
+      'objective); the table needs classification runs (fine-tunes).'
     )
   return runs
 
@@ -334,6 +369,88 @@ def accuracy_table(runs_dir):
     ]
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
+
+
+def pretraining_runs(runs_dir):
+  """One dict per results.json of an LM objective below runs_dir: task,
+  model, label, objective, best_step (lowest validation loss), val_loss,
+  test_loss, token_accuracy (%), perplexity (causal_lm, else None), path."""
+  paths = sorted(
+    glob.glob(os.path.join(runs_dir, '**', 'results.json'), recursive=True)
+  )
+  runs = []
+  for path in paths:
+    results = _load(path)
+    if not results or results.get('objective', 'classify') == 'classify':
+      continue
+    config = _load(os.path.join(os.path.dirname(path), 'config.json'))
+    test = results.get('test') or {}
+    accuracy = test.get('token_accuracy')
+    runs.append(
+      {
+        'task': results['task'],
+        'model': results['model'],
+        'label': run_label(results, config),
+        'objective': results['objective'],
+        'best_step': results.get('best_step'),
+        'val_loss': (results.get('val') or {}).get('loss'),
+        'test_loss': test.get('loss'),
+        'token_accuracy': None if accuracy is None else 100.0 * accuracy,
+        'perplexity': test.get('perplexity'),
+        'path': os.path.dirname(path),
+      }
+    )
+  return runs
+
+
+def _number(x, spec):
+  return '-' if x is None else format(x, spec)
+
+
+def pretraining_table(runs_dir):
+  """Markdown: one line per pretraining run (an LM objective) below
+  runs_dir, or None when there is none."""
+  runs = pretraining_runs(runs_dir)
+  if not runs:
+    return None
+  lines = [
+    "Pretraining runs (an LM objective on the task's own inputs, no "
+    'labels; lra/objectives.py): the checkpoint of lowest validation loss, '
+    'its validation and test loss, test token accuracy (%) over the '
+    'positions counted and test perplexity (causal_lm).',
+    '',
+    '| task | model | objective | best step | val loss | test loss '
+    '| token accuracy | perplexity |',
+    '|' + '---|' * 8,
+  ]
+  for r in sorted(
+    runs, key=lambda r: (_column(r['task']), r['model'], r['label'])
+  ):
+    cells = [
+      r['task'],
+      r['label'],
+      r['objective'],
+      _number(r['best_step'], 'd'),
+      _number(r['val_loss'], '.4f'),
+      _number(r['test_loss'], '.4f'),
+      _number(r['token_accuracy'], '.2f'),
+      _number(r['perplexity'], '.3f'),
+    ]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
+def tables(runs_dir):
+  """`eval.py --table`: the accuracy table of the classification runs, then
+  the pretraining runs' table (each when there are such runs)."""
+  lm = pretraining_table(runs_dir)
+  try:
+    text = accuracy_table(runs_dir)
+  except UserError:
+    if lm is None:
+      raise
+    return lm
+  return text if lm is None else f'{text}\n\n{lm}'
 
 
 def read_benchmark(bench_dir):

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, checkpoints, steps, tasks
+from lra import batching, checkpoints, objectives, tasks
 from lra.errors import UserError
 from lra.metrics import flatten, write_json
 from lra.tasks import cache
@@ -301,16 +301,31 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
     process_index=jax.process_index(),
     process_count=jax.process_count(),
   )
-  for batch in tqdm(
-    batches,
-    desc=desc,
-    leave=False,
-    disable=not desc or not is_primary(),
-    total=batching.num_eval_batches(len(labels), size),
+  lm = objectives.is_lm(config)
+  task = tasks.get_task(config.task) if lm else None
+  rows = batching.host_slice(size, jax.process_index(), jax.process_count())
+  for index, batch in enumerate(
+    tqdm(
+      batches,
+      desc=desc,
+      leave=False,
+      disable=not desc or not is_primary(),
+      total=batching.num_eval_batches(len(labels), size),
+    )
   ):
+    if lm:  # the same masks at every evaluation: (seed, batch number)
+      batch = objectives.lm_batch(
+        batch,
+        config,
+        task,
+        stream='eval',
+        index=index,
+        rows=rows,
+        global_batch=size,
+      )
     sums = eval_step(state, to_device(batch, batch_sharding))
     total = sums if total is None else jax.tree.map(np.add, total, sums)
-  return steps.finish(jax.device_get(total))
+  return objectives.finish(jax.device_get(total), config)
 
 
 def check_resume(config, workdir):
@@ -326,6 +341,13 @@ def check_resume(config, workdir):
     old = json.load(f)
   old.pop(CHANGES_KEY, None)
   old, new = flatten(old), flatten(json.loads(config.to_json()))
+  # A field added after the run was made (e.g. objective) had its default
+  # then: a run saved without it resumes when it still has that value.
+  from configs import base  # pylint: disable=g-import-not-at-top
+
+  for k, v in flatten(json.loads(base.get_base_config().to_json())).items():
+    if k not in old and k in new:
+      old[k] = v
   differ = sorted(
     k
     for k in set(old) | set(new)

@@ -17,6 +17,20 @@ lra/tasks/__init__.py; every model of configs/models.py), '-name' leaves one out
 (`--models all,-transformer_fused`). --preset: small, smoke, or none (the
 LRA reference configuration). --config.* overrides go to every run unchanged.
 
+Self-pretraining: --preset small_spt (or smoke_spt, spt; configs/base.py)
+gives two runs per (task, model), the pretraining then its fine-tune:
+
+  python train.py --config configs/<task>.py:<model>,small_spt \
+      --workdir OUT/<task>/<model>-small_spt
+  python train.py --config configs/<task>.py:<model>,small \
+      --workdir OUT/<task>/<model>-small_spt-ft \
+      --config.init_from=OUT/<task>/<model>-small_spt
+
+The fine-tune runs only when its pretraining finished (else it is recorded
+as failed, not run). The overrides of objective, mask_rate and
+model.tie_lm_head go to the pretraining alone (--config.objective=causal_lm
+pretrains left to right); --config.init_from is refused (the sweep sets it).
+
 A run is skipped when its workdir holds a finished run of the same config
 (results.json for the configured num_train_steps, config.json equal). A run
 that fails (train.py exits non-zero) is recorded with its one-line error (its
@@ -28,7 +42,11 @@ into OUT that this one does not plan are kept) and OUT/table.md holds
 after an interrupt), exit status, message, wall_seconds (train.py's wall time
 over every sweep that ran it), steps_per_sec (the median of metrics.jsonl's
 training rates), steps_done, best_step, val_accuracy, test_accuracy (the one
-the table reports: results.json `select`) and selection.
+the table reports: results.json `select`) and selection, val_loss and
+test_loss, objective (classify, or causal_lm / masked_lm for a pretraining
+run: it has no accuracy; its test_token_accuracy and, for causal_lm,
+test_perplexity are those of its checkpoint of lowest validation loss).
+table.md has the pretraining runs' losses below the accuracy table.
 
 Ctrl-C (or SIGTERM) is passed to the running train.py as one Ctrl-C: it
 finishes its step, saves a checkpoint and exits; the sweep records that run as
@@ -82,19 +100,33 @@ _OVERRIDE = re.compile(r'^--?(no)?config\.')
 # ----------------------------------------------------------------- plan
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One (task, model) of a sweep: its workdir and train.py command."""
+  """One (task, model) of a sweep: its workdir and train.py command.
+
+  A fine-tune (`pretrained`: the self-pretraining preset, e.g. small_spt)
+  is named <model>-<pretrained>-ft and starts from the encoder of the run
+  <model>-<pretrained> (--config.init_from)."""
 
   task: str
   model: str
   preset: str
   out: str
   overrides: tuple = ()
+  pretrained: str = ''
 
   @property
   def name(self):
+    if self.pretrained:
+      return f'{self.task}/{self.model}-{self.pretrained}-ft'
     return f'{self.task}/{self.model}' + (
       f'-{self.preset}' if self.preset else ''
     )
+
+  @property
+  def pretraining(self):
+    """The pretraining run a fine-tune starts from (None: not a fine-tune)."""
+    if not self.pretrained:
+      return None
+    return Run(self.task, self.model, self.pretrained, self.out)
 
   @property
   def workdir(self):
@@ -107,12 +139,15 @@ class Run:
 
   def argv(self):
     """train.py's arguments, as a user would type them."""
+    source = self.pretraining
+    init = [f'--config.init_from={source.workdir}'] if source else []
     return [
       _from_cwd('train.py'),
       '--config',
       self.config_arg,
       '--workdir',
       self.workdir,
+      *init,
       *self.overrides,
     ]
 
@@ -149,22 +184,60 @@ def select_names(spec, known, flag):
   return names
 
 
+# Overrides that a self-pretraining preset's pretraining run alone takes
+# (its fine-tune classifies); every other override goes to both.
+PRETRAINING_KEYS = ('objective', 'mask_rate', 'model.tie_lm_head')
+
+
+def _override_key(arg):
+  return _OVERRIDE.sub('', arg).split('=', 1)[0]
+
+
 def plan(task_spec, model_spec, preset, out, overrides=()):
-  """The runs of a sweep, task by task, in the order given."""
+  """The runs of a sweep, task by task, in the order given; a
+  self-pretraining preset (configs/base.py FINE_TUNE_PRESET, e.g.
+  small_spt) gives two runs per (task, model): the pretraining, then the
+  fine-tune from its encoder."""
   preset = '' if preset in ('', 'none') else preset
-  if preset and preset not in base_config.PRESETS:
+  known = (*base_config.PRESETS, *base_config.ALIASES)
+  if preset and preset not in known:
     raise UserError(
-      f'Unknown preset {preset!r} in --preset; valid: none, '
-      f'{", ".join(base_config.PRESETS)}.'
+      f'Unknown preset {preset!r} in --preset; valid: none, {", ".join(known)}.'
     )
   task_names = select_names(task_spec, tuple(tasks.TASKS), '--tasks')
   model_names = select_names(
     model_spec, model_configs.known_models(), '--models'
   )
+  overrides = tuple(overrides)
+  if preset not in base_config.FINE_TUNE_PRESET:
+    return [
+      Run(t, m, preset, out, overrides) for t in task_names for m in model_names
+    ]
+  given = [a for a in overrides if _override_key(a).startswith('init_from')]
+  if given:
+    raise UserError(
+      f"--preset {preset} sets each fine-tune's --config.init_from itself; "
+      f'drop {given[0]} (or use --preset '
+      f'{base_config.FINE_TUNE_PRESET[preset] or "none"}).'
+    )
+  fine_tune = tuple(
+    a for a in overrides if _override_key(a) not in PRETRAINING_KEYS
+  )
   return [
-    Run(t, m, preset, out, tuple(overrides))
+    run
     for t in task_names
     for m in model_names
+    for run in (
+      Run(t, m, preset, out, overrides),
+      Run(
+        t,
+        m,
+        base_config.FINE_TUNE_PRESET[preset],
+        out,
+        fine_tune,
+        pretrained=preset,
+      ),
+    )
   ]
 
 
@@ -222,33 +295,56 @@ def measured_rate(workdir):
 
 
 def outcome(workdir):
-  """The result fields of a sweep.json entry, from the workdir's files."""
+  """The result fields of a sweep.json entry, from the workdir's files
+  (objective None: no results.json yet)."""
   out = {
     'steps_done': latest_step(workdir),
     'steps_per_sec': measured_rate(workdir),
+    'objective': None,
     'best_step': None,
     'val_accuracy': None,
     'test_accuracy': None,
     'selection': None,
+    'val_loss': None,
+    'test_loss': None,
+    'test_token_accuracy': None,
+    'test_perplexity': None,
   }
   results = _read_json(os.path.join(workdir, 'results.json'))
   if (
     results and results.get('last_step', out['steps_done']) < out['steps_done']
   ):
     results = None  # an earlier, shorter run's: training has gone on since
-  if results:
-    # The test accuracy the table reports: results.json `select` picks the
-    # best-validation checkpoint's (`test`) or the final step's
-    # (`test_last`); results without it have only `test`.
-    select = results.get('select') or 'best_val'
-    test = results.get('test_last' if select == 'last' else 'test') or {}
+  if not results:
+    return out
+  out['objective'] = results.get('objective', 'classify')
+  out['steps_done'] = max(out['steps_done'], results.get('last_step') or 0)
+  val = results.get('val') or {}
+  if out['objective'] != 'classify':
+    # An LM objective (pretraining): no class accuracy; the checkpoint of
+    # the lowest validation loss, its loss, token accuracy, perplexity.
+    test = results.get('test') or {}
     out.update(
       best_step=results.get('best_step'),
-      val_accuracy=(results.get('val') or {}).get('accuracy'),
-      test_accuracy=test.get('accuracy'),
-      selection=select,
+      val_loss=val.get('loss'),
+      test_loss=test.get('loss'),
+      test_token_accuracy=test.get('token_accuracy'),
+      test_perplexity=test.get('perplexity'),
     )
-    out['steps_done'] = max(out['steps_done'], results.get('last_step') or 0)
+    return out
+  # The test accuracy the table reports: results.json `select` picks the
+  # best-validation checkpoint's (`test`) or the final step's (`test_last`);
+  # results without it have only `test`.
+  select = results.get('select') or 'best_val'
+  test = results.get('test_last' if select == 'last' else 'test') or {}
+  out.update(
+    best_step=results.get('best_step'),
+    val_accuracy=val.get('accuracy'),
+    test_accuracy=test.get('accuracy'),
+    selection=select,
+    val_loss=val.get('loss'),
+    test_loss=test.get('loss'),
+  )
   return out
 
 
@@ -284,7 +380,17 @@ def result_text(entry):
   parts = []
   if entry.get('steps_per_sec'):
     parts.append(f'{entry["steps_per_sec"]:.3g} steps/s')
-  if entry.get('test_accuracy') is not None:
+  if entry.get('objective') not in (None, 'classify'):
+    text = (
+      f'{entry["objective"]}: best step {entry["best_step"]} (lowest val '
+      f'loss), val loss {entry["val_loss"]:.4f}, test loss '
+      f'{entry["test_loss"]:.4f}, test token accuracy '
+      f'{_percent(entry["test_token_accuracy"])}'
+    )
+    if entry.get('test_perplexity') is not None:
+      text += f', test perplexity {entry["test_perplexity"]:.3f}'
+    parts.append(text)
+  elif entry.get('test_accuracy') is not None:
     parts.append(
       f'best step {entry["best_step"]}, val {_percent(entry["val_accuracy"])}'
       f', test {_percent(entry["test_accuracy"])}'
@@ -406,6 +512,15 @@ class Sweep:
       return entry
     if self.stops:  # Ctrl-C came while checking: start nothing
       return None
+    source = run.pretraining
+    if source and self.entries.get(source.name, {}).get('status') not in (
+      'done',
+      'skipped',
+    ):
+      message = f'not run: its pretraining run {source.name} did not finish'
+      entry = self._entry(run, 'failed', message=message, num_train_steps=steps)
+      _print(f'{head} {message}')
+      return entry
     _print(f'{head} running {run.command()}')
     fresh = latest_step(run.workdir) == 0
     returncode, wall, stderr = self._train(run)
@@ -426,7 +541,7 @@ class Sweep:
       wall_seconds=total,
       num_train_steps=steps,
     )
-    if status == 'done' and entry['test_accuracy'] is None:
+    if status == 'done' and entry['objective'] is None:
       entry.update(status='failed', message='train.py wrote no results.json')
     took = f'{entry["status"]} in {duration(wall)}'
     if entry['status'] == 'done':
@@ -484,7 +599,7 @@ class Sweep:
       {'command': self.command, 'runs': rows},
     )
     try:
-      text = report.accuracy_table(self.out)
+      text = report.tables(self.out)
     except UserError as e:
       if final:
         _print(f'No table: {e}')
@@ -627,7 +742,10 @@ def define_flags():
     'models', None, "Models, comma-separated, or 'all'; '-name' drops one."
   )
   flags.DEFINE_string(
-    'preset', '', 'small, smoke or none (default: none, the reference).'
+    'preset',
+    '',
+    'small, smoke, small_spt (self-pretraining, then the fine-tune), '
+    'smoke_spt, spt or none (default: none, the reference).',
   )
   flags.DEFINE_string('out', None, 'Sweep folder: OUT/<task>/<model>[-preset].')
   flags.DEFINE_bool(

@@ -16,7 +16,7 @@ nothing behind.
 import math
 import os
 
-from lra import tasks
+from lra import objectives, tasks
 from lra.errors import UserError
 
 SCHEDULES = ('rsqrt', 'cosine', 'constant')
@@ -122,6 +122,7 @@ def check_config(config):
   for key, spec in _FLOAT_RANGE.items():
     _check_float(config, key, *spec)
   _check_choice(config, 'schedule', SCHEDULES)
+  objectives.check(config)
 
   need = pixel_length(task, options)
   length = config.max_length

@@ -18,6 +18,7 @@ from models.attention.registry import get_core_class
 from models.encoder import Encoder
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
 from models.layers import as_dtype
+from models.lm import LanguageModel, check_causal
 from models.recurrent import SegmentRecurrentEncoder
 
 
@@ -76,12 +77,28 @@ class Classifier(nnx.Module):
 
 
 def build_model(config, task, seed=None):
-  """Builds the classifier for `task` (an lra.tasks.Task) from the config."""
+  """Builds the model for `task` (an lra.tasks.Task) from the config: the
+  classifier, or for an LM objective (config.objective, lra/objectives.py)
+  the LanguageModel (models/lm.py), checked for a causal mask first."""
   seed = config.seed if seed is None else seed
   rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0))
   pad_id = task.pad_id
   if config.data.get('black_is_padding', False):
     pad_id = 0  # the LRA reference: black pixels masked as padding
+  objective = config.get('objective', 'classify')
+  if objective in ('causal_lm', 'masked_lm'):
+    model = LanguageModel(
+      config.model,
+      vocab_size=task.vocab_size,
+      max_length=config.max_length,
+      pad_id=pad_id,
+      causal=objective == 'causal_lm',
+      dtype=as_dtype(config.dtype),
+      rngs=rngs,
+    )
+    if model.causal:
+      check_causal(model, config.max_length)
+    return model
   return Classifier(
     config.model,
     vocab_size=task.vocab_size,

@@ -4,7 +4,12 @@
   absolute, added to the token embeddings here (after the CLS token is
   prepended, so the CLS has position 0, as in the LRA reference):
     'sinusoidal'  the fixed encoding of Vaswani et al.;
-    'learned'     a trained table of max_length (+1 for the CLS) rows;
+    'learned'     a trained table of max_length (+1 for the CLS) rows; a
+                  run at a longer max_length that starts from it
+                  (--config.init_from, lra/pretrained.py) extends it by
+                  copying the trained rows repeatedly, as Longformer
+                  (Beltagy et al. 2020, section 5) extended RoBERTa's 512
+                  positions (extend_positions_LxE);
     'sinusoidal2d'  for images read row-major (side x side pixels): the
                   sinusoidal encoding of the pixel's row in the first half
                   of the features and of its column in the second half;
@@ -152,3 +157,39 @@ class Embedder(nnx.Module):
 
   def __call__(self, tokens_BxL):
     return self.add_positions(self.embed(tokens_BxL))
+
+
+def extend_positions_LxE(table_LxE, rows, keep=0):
+  """A learned position table of `rows` rows from a trained one: its first
+  `keep` rows (the CLS position) stay, the other trained rows are copied
+  again and again after them (Longformer's initialisation of the longer
+  table: position keep + i gets trained row keep + i mod (trained - keep)),
+  or cut when `rows` is smaller. The first rows equal the trained table."""
+  table_LxE = np.asarray(table_LxE)
+  trained = table_LxE.shape[0]
+  if rows <= trained:
+    return table_LxE[:rows]
+  period = trained - keep
+  if period < 1:
+    raise ValueError(f'a table of {trained} rows has none after {keep}')
+  tokens = keep + np.arange(rows - keep) % period
+  return np.concatenate([table_LxE[:keep], table_LxE[tokens]], axis=0)
+
+
+def fit_for_fine_tune(path, array, shape, keep=0):
+  """For lra.pretrained.load_encoder: a pretrained encoder parameter of
+  another shape fitted to the fine-tune's `shape`, or None (it must match):
+    embed.pos_LxE           the learned position table, extended by
+                            copying (extend_positions_LxE) or cut;
+    embed.tokens.embedding  the token table of a language model
+                            (models/lm.py) has extra rows after the task's
+                            vocabulary (the mask id): they are dropped."""
+  if array.shape[1:] != tuple(shape[1:]):
+    return None
+  if path[-2:] == ('embed', 'pos_LxE'):
+    return extend_positions_LxE(array, shape[0], keep)
+  if path[-3:] == ('embed', 'tokens', 'embedding') and (
+    array.shape[0] > shape[0]
+  ):
+    return array[: shape[0]]
+  return None

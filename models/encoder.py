@@ -29,8 +29,20 @@ from models.reversible import reversible_blocks
 class Encoder(nnx.Module):
   """tokens [B, L] -> (x [B, L(+1)], padding mask [B, L(+1)], aux)."""
 
-  def __init__(self, cfg, *, vocab_size, max_length, pad_id, dtype, rngs):
+  def __init__(
+    self,
+    cfg,
+    *,
+    vocab_size,
+    max_length,
+    pad_id,
+    dtype,
+    rngs,
+    causal=False,
+  ):
     self.use_cls = cfg.pooling == 'cls'
+    # A causal mask in every layer (causal_lm, models/lm.py).
+    self.causal = causal
     total = max_length + int(self.use_cls)
     self.embed = Embedder(
       vocab_size, cfg.emb_dim, total, cfg.positions, dtype=dtype, rngs=rngs
@@ -86,7 +98,7 @@ class Encoder(nnx.Module):
     x_BxLxE = self.embed.add_positions(x_BxLxE)
     keys = split_key(key, self.num_layers + 1)
     x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
-    mask = Mask(padding_BxL, causal=False)
+    mask = Mask(padding_BxL, causal=self.causal)
     if self.reversible:
       x_BxLxE, aux_loss = reversible_blocks(self.blocks, x_BxLxE, mask, keys)
     elif self.scan_layers:

@@ -76,7 +76,19 @@ def checked_segment_length(cfg):
 class SegmentRecurrentEncoder(nnx.Module):
   """tokens [B, L] -> (x [B, L(+1), E], padding mask [B, L(+1)], aux)."""
 
-  def __init__(self, cfg, *, vocab_size, max_length, pad_id, dtype, rngs):
+  def __init__(
+    self,
+    cfg,
+    *,
+    vocab_size,
+    max_length,
+    pad_id,
+    dtype,
+    rngs,
+    causal=False,
+  ):
+    # A causal mask in every layer (causal_lm, models/lm.py).
+    self.causal = causal
     if getattr(cfg, 'reversible', False):
       raise UserError(
         f'Reversible blocks cannot carry the memory of the recurrent core '
@@ -184,7 +196,7 @@ class SegmentRecurrentEncoder(nnx.Module):
       x_BxCxE, real_BxC, index = inputs
       blocks = nnx.merge(graphdef, state)
       seg_key = None if key is None else jax.random.fold_in(key, index)
-      mask = Mask(real_BxC, causal=False)
+      mask = Mask(real_BxC, causal=self.causal)
       new = []
       for block, memory, k in zip(
         blocks, memories, split_key(seg_key, num_layers)

@@ -2,6 +2,7 @@
 shared smoke run (tests/conftest.py), and the note when no writer is there."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -59,6 +60,42 @@ def test_plot_draws_one_line_per_run(smoke_run, tmp_path):
   assert sorted(os.listdir(out)) == ['curves_accuracy.png', 'curves_loss.png']
   with pytest.raises(metrics.UserError, match='no metrics.jsonl'):
     curves.plot([str(tmp_path / 'plots')])
+
+
+def test_plot_lm_runs_draws_token_accuracy_and_perplexity(tmp_path):
+  """Runs of an LM objective: token accuracy, and a causal_lm run's
+  perplexity (train: exp of the logged loss); no empty accuracy PNG."""
+  logs = {
+    'clm': ('causal_lm', [2.0, 1.5], {'perplexity': 5.0}),
+    'mlm': ('masked_lm', [3.0, 2.5], {}),
+  }
+  for name, (objective, losses, extra) in logs.items():
+    run = tmp_path / 'runs' / name
+    run.mkdir(parents=True)
+    (run / 'config.json').write_text(json.dumps({'objective': objective}))
+    rows = [
+      {'step': s, 'split': 'train', 'loss': v, 'token_accuracy': 0.1 * s}
+      for s, v in zip((1, 2), losses)
+    ]
+    rows.append(
+      {'step': 2, 'split': 'val', 'loss': 1.6, 'token_accuracy': 0.3, **extra}
+    )
+    (run / 'metrics.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in rows)
+    )
+  written, data = curves.plot([str(tmp_path / 'runs')], str(tmp_path / 'p'))
+  assert [os.path.basename(p) for p in written] == [
+    'curves_loss.png',
+    'curves_token_accuracy.png',
+    'curves_perplexity.png',
+  ]
+  assert data['token_accuracy', 'train']['mlm'] == ([1, 2], [0.1, 0.2])
+  steps, values = data['perplexity', 'train']['clm']
+  assert steps == [1, 2] and values == pytest.approx(
+    [math.exp(2), math.exp(1.5)]
+  )
+  assert data['perplexity', 'val'] == {'clm': ([2], [5.0])}
+  assert 'mlm' not in data['perplexity', 'train']
 
 
 def test_train_rows_carry_the_learning_rate(smoke_run):

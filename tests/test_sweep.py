@@ -26,6 +26,7 @@ import pytest
 
 from lra import sweep as lra_sweep
 from lra.errors import UserError
+from lra.metrics import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_KEYS = ('best_step', 'val_accuracy', 'test_accuracy', 'steps_done')
@@ -272,4 +273,96 @@ def test_error_line():
   )
   assert lra_sweep.error_line('Traceback\n  x\nValueError: no\n', 1) == (
     'ValueError: no'
+  )
+
+
+def test_spt_preset_plans_the_pretraining_then_its_fine_tune():
+  runs = lra_sweep.plan(
+    'listops',
+    'transformer,local',
+    'small_spt',
+    'o',
+    ('--config.objective=causal_lm', '--config.seed=3'),
+  )
+  assert [r.name for r in runs] == [
+    'listops/transformer-small_spt',
+    'listops/transformer-small_spt-ft',
+    'listops/local-small_spt',
+    'listops/local-small_spt-ft',
+  ]
+  assert runs[0].command() == (
+    'python train.py --config configs/listops.py:transformer,small_spt '
+    '--workdir o/listops/transformer-small_spt --config.objective=causal_lm '
+    '--config.seed=3'
+  )
+  # The fine-tune classifies: the objective override is the pretraining's.
+  assert runs[1].command() == (
+    'python train.py --config configs/listops.py:transformer,small '
+    '--workdir o/listops/transformer-small_spt-ft '
+    '--config.init_from=o/listops/transformer-small_spt --config.seed=3'
+  )
+  spt = lra_sweep.plan('text', 'transformer', 'spt', 'o')
+  assert [r.config_arg.split(':')[1] for r in spt] == [
+    'transformer,spt',
+    'transformer',
+  ]
+  assert spt[1].workdir == os.path.join('o', 'text', 'transformer-spt-ft')
+  with pytest.raises(UserError) as e:
+    lra_sweep.plan(
+      'listops', 'local', 'smoke_spt', 'o', ('--config.init_from=x',)
+    )
+  assert str(e.value) == (
+    "--preset smoke_spt sets each fine-tune's --config.init_from itself; "
+    'drop --config.init_from=x (or use --preset smoke).'
+  )
+
+
+def test_smoke_spt_sweep_pretrains_then_fine_tunes(tmp_path, smoke_data_dir):
+  """masked_lm on ListOps smoke, then the fine-tune from its encoder: both
+  in sweep.json (the pretraining with losses, no accuracy) and table.md."""
+  out = str(tmp_path / 'spt')
+  proc = run_sweep(
+    '--tasks=listops',
+    '--models=transformer',
+    '--preset=smoke_spt',
+    f'--out={out}',
+    f'--config.data_dir={smoke_data_dir}',
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(os.path.join(out, 'sweep.json')) as f:
+    runs = {e['name']: e for e in json.load(f)['runs']}
+  pre = runs['listops/transformer-smoke_spt']
+  ft = runs['listops/transformer-smoke_spt-ft']
+  with open(os.path.join(pre['workdir'], 'results.json')) as f:
+    results = json.load(f)
+  assert 'select' not in results
+  assert pre['status'] == 'done' and pre['objective'] == 'masked_lm'
+  assert pre['val_accuracy'] is None and pre['test_accuracy'] is None
+  assert pre['val_loss'] == results['val']['loss']
+  assert pre['test_loss'] == results['test']['loss']
+  assert pre['test_token_accuracy'] == results['test']['token_accuracy']
+  assert pre['test_perplexity'] is None  # masked_lm has none
+  assert ft['status'] == 'done' and ft['objective'] == 'classify'
+  assert 0 <= ft['test_accuracy'] <= 1
+  assert ft['command'].endswith(
+    f'listops.py:transformer,smoke --workdir {ft["workdir"]} '
+    f'--config.init_from={pre["workdir"]} --config.data_dir={smoke_data_dir}'
+  )
+  rows = read_rows(os.path.join(ft['workdir'], 'metrics.jsonl'))
+  assert rows[0]['init_from_step'] == pre['best_step']
+  lines = proc.stdout.splitlines()
+  assert lines[0].startswith('[1/2] listops/transformer-smoke_spt: running')
+  assert any(
+    ln.startswith('[1/2] listops/transformer-smoke_spt: done in')
+    and 'masked_lm: best step' in ln
+    for ln in lines
+  )
+  table = read(os.path.join(out, 'table.md')).splitlines()
+  assert any(
+    ln.startswith('| transformer [smoke, init_from=(smoke, spt)] |')
+    for ln in table
+  )
+  assert any(
+    ln.startswith('| listops | transformer [smoke, spt] | masked_lm |')
+    for ln in table
   )
