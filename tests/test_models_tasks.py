@@ -101,9 +101,7 @@ TRAINED_IN_CI = ('local', 'performer', 'reformer', 'transformer_xl',
 @pytest.mark.parametrize(
   'model,reversible',
   [
-    pytest.param(
-      m, False, marks=() if m in TRAINED_IN_CI else pytest.mark.slow
-    )
+    pytest.param(m, False, marks=() if m in TRAINED_IN_CI else pytest.mark.slow)
     for m in EFFICIENT
   ]
   + [('reformer', True)],

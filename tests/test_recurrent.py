@@ -278,9 +278,9 @@ def test_rotary_recurrence_sees_true_offsets_across_segments():
   seg = np.arange(3 * C) // C
   band = (seg[:, None] - seg[None, :] >= 0) & (seg[:, None] - seg[None, :] <= 1)
   allowed = band[None, None] & np.asarray(pad)[:, None, None, :]
-  logits = np.einsum(
-    'blhd,bmhd->bhlm', np.float64(q), np.float64(k)
-  ) / np.sqrt(D)
+  logits = np.einsum('blhd,bmhd->bhlm', np.float64(q), np.float64(k)) / np.sqrt(
+    D
+  )
   logits = np.where(allowed, logits, -np.inf)
   w = np.exp(logits - logits.max(-1, keepdims=True))
   w = np.where(allowed, w, 0)
