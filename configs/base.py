@@ -121,7 +121,9 @@ def get_base_config():
   # or 'first' (the first input token, no CLS: the reference's Retrieval
   # dual encoder).
   m.pooling = 'cls'
-  # Absolute positions: 'sinusoidal', 'learned' or 'none'.
+  # Absolute: 'sinusoidal', 'learned', 'sinusoidal2d' / 'learned2d' (images:
+  # row + column parts) or 'none'; in attention: 'relative', 'pia',
+  # 'rotary' (models/embeddings.py).
   m.positions = 'sinusoidal'
   # Attention core: registry name + its options (models/attention/registry.py).
   m.attention = ml_collections.ConfigDict({'name': 'softmax'})

@@ -45,11 +45,13 @@ sinkhorn 67.45, synthesizer 69.45, bigbird 74.87, linear_transformer 75.30,
 performer 77.05. Chance is 50%.
 
 Presets:
-  small: 'easy' images (6 paddles per target), 20k of them, a 1-layer
-    64-wide model, batch 32, 1,000 steps, about 10 minutes on 2 CPU cores.
-    It runs the whole pipeline but stays near chance in that time (measured:
-    val 50% at step 500): LRA's models also sat at 50% for their first
-    epochs on Pathfinder.
+  small: 'easy' images (6 paddles per target), 20k of them, generated at
+    32 x 32 and read max-pooled to 16 x 16 (data.downsample=2: 256 tokens,
+    4x fewer than 1,024, so that every model's run fits a CPU sweep), a
+    1-layer 64-wide model, batch 32, 2,000 steps, about 3-5 minutes on 2 CPU
+    cores. It stays at chance (README, Results: what was tried); the
+    32 x 32 images (--config.data.downsample=1 --config.max_length=1024)
+    take 4x longer per step and stayed at chance as well.
   small_spt: `small,spt`: the `small` model, schedule and steps with
     objective masked_lm (labels unused); the fine-tune is `small` with
     --config.init_from. `spt` alone pretrains the reference configuration;
@@ -99,19 +101,21 @@ def common_config(task, resolution):
 
 
 def apply_presets(c, presets):
-  """`small` and `smoke` (both 32 x 32 easy images), then lock (`spt`:
-  configs/base.py)."""
+  """`small` and `smoke` (32 x 32 easy images; small reads them max-pooled
+  to 16 x 16), then lock (`spt`: configs/base.py)."""
   if 'small' in presets or 'smoke' in presets:
     c.data.resolution = 32
     c.data.difficulty = 'easy'
     c.max_length = 32 * 32
   if 'small' in presets:
     c.data.num_examples = 20_000
+    c.data.downsample = 2
+    c.max_length = 16 * 16
     c.batch_size = 32
     base.apply_small(
       c,
-      num_train_steps=1000,
-      warmup_steps=100,
+      num_train_steps=2000,
+      warmup_steps=200,
       weight_decay=0.0,
       num_layers=1,
       emb_dim=64,

@@ -39,9 +39,10 @@ chance, 50%.
 
 Presets:
   small: Path-X cannot be learnt on a CPU; this runs the pipeline at this
-    task's settings (clipping, mean pooling) on 32 x 32 'easy' images, 20k
-    of them, a 1-layer 64-wide model, 1,000 steps, about 10 minutes on 2
-    CPU cores; like Pathfinder's small preset it stays near chance.
+    task's settings (clipping, mean pooling) on Pathfinder's small data
+    (20k 'easy' 32 x 32 images read max-pooled to 16 x 16), a 1-layer
+    64-wide model, 2,000 steps, a few minutes on 2 CPU cores; like
+    Pathfinder's small preset it stays near chance.
   small_spt: `small,spt`: the `small` model, schedule and steps with
     objective masked_lm (labels unused); the fine-tune is `small` with
     --config.init_from. `spt` alone pretrains the reference configuration;

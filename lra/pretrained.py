@@ -106,7 +106,8 @@ def read_encoder(init_from, which, step, like):
   """The encoder arrays of DIR's checkpoint, {path: array}, placed with the
   sharding of the matching leaf of `like` ({path: array} of the fine-tune's
   encoder; a parameter it lacks or that DIR lacks is one sentence)."""
-  root = os.path.join(init_from, 'checkpoints')
+  # Orbax reads no metadata through a relative path: make it absolute.
+  root = os.path.join(os.path.abspath(init_from), 'checkpoints')
   step_dir = os.path.join(root, which, str(step))
   record = os.path.join(root, 'records', f'{which}_{step}.json')
   problem = checkpoints._problem(step_dir, record)  # pylint: disable=protected-access

@@ -100,9 +100,13 @@ def test_crops_are_prefixes_or_windows_of_the_same_rows():
 
 # ------------------------------------------------------------ init_from
 def test_init_from_starts_from_exactly_the_pretrained_encoder(
-  smoke_run, smoke_data_dir
+  smoke_run, smoke_data_dir, monkeypatch
 ):
-  config = smoke_config(smoke_data_dir, init_from=smoke_run, seed=3)
+  # A path relative to the working directory, as users type it (orbax reads
+  # no metadata through one unless made absolute).
+  monkeypatch.chdir(os.path.dirname(smoke_run))
+  relative = os.path.basename(smoke_run)
+  config = smoke_config(smoke_data_dir, init_from=relative, seed=3)
   _, state = fresh_state(config)
   _, fresh = fresh_state(config)
   state, step = train.init_from(config, state)
