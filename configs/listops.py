@@ -29,7 +29,8 @@ performer 18.01.
 
 Presets:
   small: 128-wide, 2 layers, trees of 16-200 tokens (depth <= 6), 30k train
-    examples, about 10 minutes on 2 CPU cores; clearly above majority class.
+    examples, 1,000 steps, about 5 minutes on 2 CPU cores; test 37.7%
+    (majority class 15.3%).
   small_spt: `small,spt`: the `small` model, schedule and steps with
     objective masked_lm (labels unused); the fine-tune is `small` with
     --config.init_from. `spt` alone pretrains the reference configuration;

@@ -317,6 +317,7 @@ def test_spt_preset_plans_the_pretraining_then_its_fine_tune():
   )
 
 
+@pytest.mark.slow  # 17 s: two train.py runs; the plan is tested in CI above
 def test_smoke_spt_sweep_pretrains_then_fine_tunes(tmp_path, smoke_data_dir):
   """masked_lm on ListOps smoke, then the fine-tune from its encoder: both
   in sweep.json (the pretraining with losses, no accuracy) and table.md."""

@@ -18,7 +18,15 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-  'task', ['text', 'retrieval', 'image', 'pathfinder', 'pathx']
+  'task',
+  [
+    'text',
+    'retrieval',
+    'image',
+    'pathfinder',
+    # Path-X is Pathfinder's module at another resolution: kept out of CI.
+    pytest.param('pathx', marks=pytest.mark.slow),
+  ],
 )
 def test_train_smoke_on_task(task, data_dir, tmp_path):
   workdir = str(tmp_path / task)
