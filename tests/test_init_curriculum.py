@@ -11,6 +11,7 @@ from flax import nnx
 import jax
 import numpy as np
 import pytest
+from test_models_tasks import task_config
 
 from configs import listops as listops_config
 from lra import curriculum, runtime, steps, tasks
@@ -26,15 +27,7 @@ SCHEDULE = '2:16,2:32'  # steps 1-2 at 16 tokens, 3-4 at 32, 5-6 at 64
 
 
 def smoke_config(data_dir, **changes):
-  config = listops_config.get_config('transformer,smoke')
-  config.data_dir = data_dir
-  for key, value in changes.items():
-    node = config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return task_config('listops', 'transformer', data_dir=data_dir, **changes)
 
 
 def fresh_state(config):

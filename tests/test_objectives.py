@@ -10,7 +10,6 @@ test_every_core_is_in_the_suite: that is the test that fails when a new
 causal-capable core is not covered.
 """
 
-import importlib
 import json
 import os
 
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_models_tasks import task_config
 
 from lra import batching, objectives, runtime, steps, tasks
 from lra.errors import UserError
@@ -30,16 +30,7 @@ V, PAD = 16, 0  # ListOps' vocabulary and padding id
 
 
 def lm_config(objective, model='transformer', task='listops', **overrides):
-  module = importlib.import_module(f'configs.{task}')
-  c = module.get_config(f'{model},smoke')
-  c.objective = objective
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = c
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return task_config(task, model, objective=objective, **overrides)
 
 
 def padded_batch(n=64, length=128, seed=0):
