@@ -117,6 +117,7 @@ ROW_FIELDS = (
   'device_peak_source',
   'num_params',
   'flops_per_step',
+  'fused_attention_kernel',
   'backend',
   'device_kind',
   'device_count',
@@ -154,14 +155,26 @@ def ceiling_config():
   return c
 
 
-def cell_config(model_name, length, preset, batch_size):
+def cell_config(model_name, length, preset, batch_size, dtype='float32'):
   c = ceiling_config() if model_name == CEILING else text_config(model_name)
   c.update_from_flattened_dict(
     {k: v for k, v in PRESETS[preset].items() if '.' in k}
   )
   c.batch_size = batch_size
   c.max_length = length
+  c.dtype = dtype
   return c
+
+
+def fused_kernel_of(compiled):
+  """'cudnn' when the compiled step calls cuDNN's fused attention (what
+  jax.nn.dot_product_attention picks on NVIDIA GPUs for bf16/fp16), else
+  None: on CPU, or for f32, XLA writes the attention out as plain ops."""
+  try:
+    text = compiled.as_text()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return 'cudnn' if '__cudnn$fmha' in text else None
 
 
 def select_models(spec, baselines=False):
@@ -282,6 +295,7 @@ def measure(row, config, task, shardings, num_steps, warmup):
     peak_memory_bytes=memory['peak'],
     peak_memory_source=MEMORY_SOURCE,
     flops_per_step=flops_of(compiled),
+    fused_attention_kernel=fused_kernel_of(compiled),
   )
   limit = memory_limit()
   if limit and memory['peak'] > 0.95 * limit:
@@ -363,10 +377,12 @@ def run_benchmark(
   num_steps,
   warmup,
   ceiling=False,
+  dtype='float32',
 ):
   """Measures every (model, length) cell; writes and returns the rows.
 
   ceiling: also measure the 'ceiling' row (attention 'none'), first.
+  dtype: the compute dtype of every cell ('float32' or 'bfloat16').
   """
   os.makedirs(out, exist_ok=True)
   if ceiling:
@@ -391,7 +407,7 @@ def run_benchmark(
       warmup_steps=warmup,
     )
     try:
-      config = cell_config(name, length, preset, batch_size)
+      config = cell_config(name, length, preset, batch_size, dtype)
       row['model_config'] = model_summary(config)
       row['sequence_length'] = length + int(config.model.pooling == 'cls')
       measure(row, config, task, shardings, num_steps, warmup)
@@ -416,6 +432,7 @@ def progress_line(i, n, row):
     f'{head} {row["steps_per_sec"]:.3g} steps/s, '
     f'{row["peak_memory_bytes"] / 1e6:.0f} MB, '
     f'compile {row["compile_seconds"]:.1f} s'
+    + (', cuDNN fused attention' if row.get('fused_attention_kernel') else '')
   )
 
 
@@ -441,6 +458,13 @@ def define_flags():
   flags.DEFINE_integer('steps', None, 'Timed steps per cell.')
   flags.DEFINE_integer('warmup', None, 'Untimed steps after compile.')
   flags.DEFINE_string('out', None, 'Output directory.')
+  flags.DEFINE_enum(
+    'dtype',
+    'float32',
+    ['float32', 'bfloat16'],
+    'Compute dtype of activations (config.dtype; params stay float32). On '
+    'NVIDIA GPUs bfloat16 lets transformer_fused use cuDNN flash attention.',
+  )
   flags.DEFINE_boolean(
     'ceiling',
     False,
@@ -479,6 +503,7 @@ def main(argv):
       num_steps=pick('steps'),
       warmup=pick('warmup'),
       ceiling=f.ceiling,
+      dtype=f.dtype,
     )
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)

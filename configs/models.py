@@ -11,9 +11,15 @@ import ml_collections
 MODELS = {
   # The exact softmax attention as LRA measured it: einsum, explicit L x L.
   'transformer': {'name': 'softmax', 'implementation': 'einsum'},
-  # The same function through jax.nn.dot_product_attention (cuDNN flash
-  # attention on GPU). It has no attention dropout.
-  'transformer_fused': {'name': 'softmax', 'implementation': 'fused'},
+  # The same function through jax.nn.dot_product_attention. fused_kernel
+  # 'auto' asks for cuDNN flash attention on an NVIDIA GPU in bfloat16
+  # (--config.dtype=bfloat16), else XLA ('xla', 'cudnn': force one;
+  # models/attention/softmax.py). It has no attention dropout.
+  'transformer_fused': {
+    'name': 'softmax',
+    'implementation': 'fused',
+    'fused_kernel': 'auto',
+  },
   # Efficient attentions (models/attention/<name>.py); each model name is its
   # core's name, with the reference harness's default options.
   'local': {'name': 'local', 'block_size': 50},

@@ -187,6 +187,13 @@ def markdown(rows, seconds=None, load=None):
     'one of its chips held (`--batch_size 1`: one TensorCore).',
     '',
   ]
+  fused = sorted({r['model'] for r in rows if r.get('fused_attention_kernel')})
+  if fused:
+    lines[-1:-1] = [
+      'cuDNN fused (flash) attention was compiled into the step of: '
+      + ', '.join(f'`{m}`' for m in fused)
+      + ' (the other cells write attention out as XLA ops).'
+    ]
   if CEILING in models:
     lines[-1:-1] = [
       '`ceiling`: no attention at all (core `none`, out = v: no token '

@@ -156,3 +156,60 @@ def test_registry_errors_name_the_problem():
     )
   with pytest.raises(UserError, match='no attention dropout'):
     make_core('fused', dropout_rate=0.1)
+
+
+def test_fused_kernel_choice():
+  """'auto' asks for cuDNN only where it can run; 'cudnn' elsewhere is one
+  sentence; on this backend the fused core runs (XLA) with the option."""
+  from models.attention.softmax import fused_kernel_for
+
+  assert fused_kernel_for('auto', jnp.bfloat16, 64, backend='gpu') == 'cudnn'
+  assert fused_kernel_for('auto', jnp.float32, 64, backend='gpu') == 'xla'
+  assert fused_kernel_for('auto', jnp.bfloat16, 12, backend='gpu') == 'xla'
+  assert fused_kernel_for('auto', jnp.bfloat16, 64, backend='cpu') == 'xla'
+  assert fused_kernel_for('xla', jnp.bfloat16, 64, backend='gpu') == 'xla'
+  with pytest.raises(UserError, match='needs an NVIDIA GPU'):
+    fused_kernel_for('cudnn', jnp.bfloat16, 64, backend='cpu')
+  with pytest.raises(UserError, match='Unknown fused_kernel'):
+    fused_kernel_for('flash', jnp.bfloat16, 64)
+
+
+def test_fused_kernel_cudnn_refused_before_training_on_cpu():
+  from configs import listops
+  from lra import validate
+
+  c = listops.get_config('transformer_fused,smoke')
+  c.model.attention.fused_kernel = 'cudnn'
+  if jax.default_backend() == 'gpu':
+    pytest.skip('cuDNN may run on this backend')
+  with pytest.raises(UserError, match='fused_kernel=cudnn cannot run here'):
+    validate.check_config(c)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_even_length_padding_is_exact(causal):
+  """The cuDNN path's even-length padding (checked through the XLA kernel,
+  which takes the same arguments): odd lengths with and without key padding
+  give the einsum core's output."""
+  from models.attention.softmax import even_length_attention
+
+  b, n, h, d = 3, 9, 2, 8
+  q, k, v = (
+    jax.random.normal(jax.random.key(i), (b, n, h, d)) for i in range(3)
+  )
+  lengths = jnp.array([9, 5, 1], jnp.int32)
+  real = jnp.arange(n)[None] < lengths[:, None]
+  for key_lengths, padding in ((None, None), (lengths, real)):
+    want, _ = make_core('einsum')(
+      q, k, v, Mask(key_padding_BxM=padding, causal=causal)
+    )
+    got = even_length_attention(
+      q,
+      k,
+      v,
+      key_lengths,
+      causal=causal,
+      scale=d**-0.5,
+      implementation='xla',
+    )
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -10,6 +10,18 @@ Two implementations of one function:
   'einsum': explicit logits, as LRA measured it; supports attention dropout.
   'fused':  jax.nn.dot_product_attention; no attention dropout.
 
+The fused path's kernel (`fused_kernel`): jax.nn.dot_product_attention left
+to itself (implementation=None) writes attention out as XLA ops, L x M
+logits included, on every backend (measured on an H200: no cuDNN call in
+the compiled step). So 'auto' (the default) asks for cuDNN's flash attention
+by name where it exists: an NVIDIA GPU, bfloat16/float16 compute and a head
+dim that is a multiple of 8 and at most 128; elsewhere 'xla'. 'cudnn'
+insists (one sentence where it cannot run), 'xla' never uses it. cuDNN takes
+key padding as per-example lengths, so the real keys must be a prefix
+(right padding, as every task pads); a mask that is not one (Pathfinder with
+data.black_is_padding) turns the output to NaN rather than into a silently
+different attention, and lra/validate.py refuses that combination upfront.
+
 `relative` (set by `model.positions='relative'`, einsum only): the logits
 are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
 (models/attention/relative.py); zero W_R and u give plain softmax back.
@@ -24,6 +36,33 @@ from models.attention.registry import register
 from models.attention.relative import RelativePositions
 
 IMPLEMENTATIONS = ('einsum', 'fused')
+FUSED_KERNELS = ('auto', 'xla', 'cudnn')
+HALF = (jnp.bfloat16, jnp.float16)
+
+
+def fused_kernel_for(requested, dtype, head_dim, backend=None):
+  """'cudnn' or 'xla': the kernel the fused path asks for (module doc)."""
+  if requested not in FUSED_KERNELS:
+    raise UserError(
+      f'Unknown fused_kernel {requested!r}; use one of '
+      f'{", ".join(FUSED_KERNELS)}.'
+    )
+  backend = backend or jax.default_backend()
+  why_not = None
+  if backend != 'gpu':
+    why_not = f'it needs an NVIDIA GPU (this backend is {backend})'
+  elif jnp.dtype(dtype) not in [jnp.dtype(h) for h in HALF]:
+    why_not = f'it needs bfloat16 or float16 compute (this is {dtype})'
+  elif head_dim % 8 or head_dim > 128:
+    why_not = f'it needs a head dim <= 128 divisible by 8 (this is {head_dim})'
+  if requested == 'cudnn' and why_not:
+    raise UserError(
+      f'fused_kernel=cudnn cannot run here: {why_not}; use '
+      '--config.model.attention.fused_kernel=auto or xla.'
+    )
+  if requested == 'auto':
+    return 'xla' if why_not else 'cudnn'
+  return requested
 
 
 @register('softmax')
@@ -43,6 +82,7 @@ class SoftmaxAttention(AttentionCore):
     layer_index=0,
     implementation='einsum',
     relative=False,
+    fused_kernel='auto',
   ):
     del max_length, layer_index
     if implementation not in IMPLEMENTATIONS:
@@ -65,6 +105,9 @@ class SoftmaxAttention(AttentionCore):
       RelativePositions(num_heads, head_dim, rngs=rngs) if relative else None
     )
     self.implementation = implementation
+    self.kernel = None
+    if implementation == 'fused':
+      self.kernel = fused_kernel_for(fused_kernel, dtype, head_dim)
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5
     self.dtype = dtype
@@ -106,6 +149,8 @@ class SoftmaxAttention(AttentionCore):
     )
 
   def _fused(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask):
+    if self.kernel == 'cudnn':
+      return self._cudnn(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask)
     padding = None
     if mask.key_padding_BxM is not None:
       padding = mask.key_padding_BxM[:, None, None, :]
@@ -117,6 +162,63 @@ class SoftmaxAttention(AttentionCore):
       is_causal=mask.causal,
       scale=self.scale,
     )
+
+  def _cudnn(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask):
+    """cuDNN flash attention; key padding as lengths (a prefix of keys)."""
+    lengths_B, prefix_B = None, None
+    if mask.key_padding_BxM is not None:
+      real_BxM = mask.key_padding_BxM
+      lengths_B = real_BxM.sum(axis=-1, dtype=jnp.int32)
+      positions_M = jnp.arange(real_BxM.shape[-1])
+      prefix_B = jnp.all(
+        real_BxM == (positions_M[None, :] < lengths_B[:, None]), axis=-1
+      )
+    out_BxLxHxD = even_length_attention(
+      q_BxLxHxD,
+      k_BxMxHxD,
+      v_BxMxHxD,
+      lengths_B,
+      causal=mask.causal,
+      scale=self.scale,
+      implementation='cudnn',
+    )
+    if prefix_B is not None:
+      out_BxLxHxD = jnp.where(
+        prefix_B[:, None, None, None], out_BxLxHxD, jnp.nan
+      )
+    return out_BxLxHxD
+
+
+def even_length_attention(
+  q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, lengths_B, *, causal, scale, implementation
+):
+  """jax.nn.dot_product_attention with the sequences padded to even lengths.
+
+  cuDNN's training kernels refuse odd lengths (measured on an H200: 'Unsupported
+  sequence length Q 1025, KV 1025' for 1,024 tokens + CLS). One zero row is
+  appended to q, k and v where a length is odd; the extra key lies beyond
+  every example's key length (lengths_B; all M when None), so no query sees
+  it (causal masks stay top-left aligned), and the extra query's row is cut.
+  """
+  b, length = q_BxLxHxD.shape[:2]
+  m = k_BxMxHxD.shape[1]
+  extra_q, extra_k = length % 2, m % 2
+  if extra_k and lengths_B is None:
+    lengths_B = jnp.full((b,), m, jnp.int32)
+
+  def pad(x, extra):
+    return jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0))) if extra else x
+
+  out_BxLxHxD = jax.nn.dot_product_attention(
+    pad(q_BxLxHxD, extra_q),
+    pad(k_BxMxHxD, extra_k),
+    pad(v_BxMxHxD, extra_k),
+    key_value_seq_lengths=lengths_B,
+    is_causal=causal,
+    scale=scale,
+    implementation=implementation,
+  )
+  return out_BxLxHxD[:, :length]
 
 
 def dense_allowed(mask, length_q, length_k):
