@@ -47,6 +47,9 @@ test_loss, objective (classify, or causal_lm / masked_lm for a pretraining
 run: it has no accuracy; its test_token_accuracy and, for causal_lm,
 test_perplexity are those of its checkpoint of lowest validation loss).
 table.md has the pretraining runs' losses below the accuracy table.
+OUT/runs.md is one row per classification run: status, test accuracy, best
+validation accuracy and step, wall time, steps/s and the LRA paper's Table 1
+number (the README's CPU-scale table is made from it).
 
 Ctrl-C (or SIGTERM) is passed to the running train.py as one Ctrl-C: it
 finishes its step, saves a checkpoint and exits; the sweep records that run as
@@ -606,6 +609,8 @@ class Sweep:
       return
     with open(self._table_path, 'w') as f:
       f.write(text + '\n')
+    with open(os.path.join(self.out, 'runs.md'), 'w') as f:
+      f.write(runs_markdown(rows) + '\n')
 
   @property
   def _table_path(self):
@@ -619,6 +624,42 @@ def _print(text):
 def _say(text):
   """From a signal handler: unbuffered, so it cannot re-enter a write."""
   os.write(sys.stderr.fileno(), text.encode())
+
+
+def runs_markdown(entries):
+  """OUT/runs.md: one row per run of sweep.json (classification runs),
+  with its wall time and rate beside the LRA paper's Table 1 number."""
+  table1 = report.paper()['table1_accuracy']
+  lines = [
+    '| task | model | preset | status | test | best val (step) | wall | '
+    'steps/s | LRA paper |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for e in entries:
+    if e.get('objective') not in (None, 'classify'):
+      continue
+    ref = table1.get(e['model'])
+    paper_value = (
+      ref[table1['columns'].index(e['task'])]
+      if ref and e['task'] in table1['columns']
+      else None
+    )
+    best = (
+      f'{_percent(e.get("val_accuracy"))} ({e.get("best_step")})'
+      if e.get('val_accuracy') is not None
+      else '-'
+    )
+    wall = e.get('wall_seconds')
+    rate = e.get('steps_per_sec')
+    lines.append(
+      f'| {e["task"]} | `{e["model"]}` | {e.get("preset") or "-"} | '
+      f'{"done" if e["status"] == "skipped" else e["status"]} | '
+      f'{_percent(e.get("test_accuracy"))} | {best} | '
+      f'{duration(wall) if wall else "-"} | '
+      f'{f"{rate:.2f}" if rate else "-"} | '
+      f'{"-" if paper_value is None else f"{paper_value:.2f}"} |'
+    )
+  return '\n'.join(lines)
 
 
 # ------------------------------------------------------------ estimates

@@ -168,6 +168,13 @@ def test_second_invocation_skips_finished_runs(swept, tmp_path):
     }
     assert after['wall_seconds'] == before['wall_seconds']
   assert read(os.path.join(swept.out, 'table.md')) == swept.third_table
+  rows = read(os.path.join(swept.out, 'runs.md')).splitlines()[2:]
+  for model in ('transformer', 'local'):
+    (row,) = [r for r in rows if f'| `{model}` |' in r]
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    entry = swept.fourth_runs[model]
+    assert cells[3] == 'done'
+    assert cells[4] == f'{100 * entry["test_accuracy"]:.2f}%'
   # A dry run over it: both would be skipped; a third model has no rate.
   empty = tmp_path / 'benchmark.json'
   with open(empty, 'w') as f:
