@@ -150,7 +150,6 @@ def check_config(config):
 
   import jax  # pylint: disable=g-import-not-at-top (prepare needs no jax)
 
-  _check_fused_kernel(config)
   n = jax.device_count()
   for key in ('batch_size', 'eval_batch_size'):
     size = config[key]
@@ -159,28 +158,6 @@ def check_config(config):
         f'{key} {size} is not divisible by the {n} devices; use a multiple '
         f'of {n}, e.g. {_flag(key, max(n, size // n * n))}.'
       )
-
-
-def _check_fused_kernel(config):
-  """cuDNN's fused attention reads key padding as lengths (a prefix of
-  real keys): refuse masks that are not one (models/attention/softmax.py)."""
-  attention = config.model.attention
-  if attention.get('implementation') != 'fused':
-    return
-  # pylint: disable-next=g-import-not-at-top (prepare needs no jax)
-  from models.attention.softmax import fused_kernel_for
-
-  kernel = fused_kernel_for(
-    attention.get('fused_kernel', 'auto'),
-    config.dtype,
-    config.model.qkv_dim // config.model.num_heads,
-  )
-  if kernel == 'cudnn' and config.data.get('black_is_padding'):
-    raise UserError(
-      'data.black_is_padding masks keys that are not a prefix, which '
-      "cuDNN's fused attention cannot take; add "
-      '--config.model.attention.fused_kernel=xla.'
-    )
 
 
 def _name_max(existing):

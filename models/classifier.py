@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from errors import UserError
 from models.attention.registry import get_core_class
+from models.attention.softmax import fused_kernel_for
 from models.encoder import Encoder
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
 from models.layers import as_dtype
@@ -76,6 +77,25 @@ class Classifier(nnx.Module):
     return logits.astype(jnp.float32), aux
 
 
+def check_prefix_padding(config):
+  """cuDNN's fused attention reads key padding as lengths (a prefix of real
+  keys; models/attention/softmax.py): black pixels as padding are not one."""
+  attention = config.model.attention
+  if attention.get('implementation') != 'fused':
+    return
+  kernel = fused_kernel_for(
+    attention.get('fused_kernel', 'auto'),
+    as_dtype(config.dtype),
+    config.model.qkv_dim // config.model.num_heads,
+  )
+  if kernel == 'cudnn':
+    raise UserError(
+      'data.black_is_padding masks keys that are not a prefix, which '
+      "cuDNN's fused attention cannot take; add "
+      '--config.model.attention.fused_kernel=xla.'
+    )
+
+
 def build_model(config, task, seed=None):
   """Builds the model for `task` (an lra.tasks.Task) from the config: the
   classifier, or for an LM objective (config.objective, lra/objectives.py)
@@ -85,6 +105,7 @@ def build_model(config, task, seed=None):
   pad_id = task.pad_id
   if config.data.get('black_is_padding', False):
     pad_id = 0  # the LRA reference: black pixels masked as padding
+    check_prefix_padding(config)
   objective = config.get('objective', 'classify')
   if objective in ('causal_lm', 'masked_lm'):
     model = LanguageModel(

@@ -174,16 +174,25 @@ def test_fused_kernel_choice():
     fused_kernel_for('flash', jnp.bfloat16, 64)
 
 
-def test_fused_kernel_cudnn_refused_before_training_on_cpu():
-  from configs import listops
-  from lra import validate
+def test_fused_kernel_refusals_at_model_build():
+  """cudnn where it cannot run, and black pixels as padding (not a prefix)
+  with a kernel that would be cuDNN, are one sentence before training."""
+  from configs import pathfinder
+  from lra import tasks
+  from models import classifier
 
-  c = listops.get_config('transformer_fused,smoke')
+  c = pathfinder.get_config('transformer_fused,smoke')
+  task = tasks.get_task('pathfinder')
   c.model.attention.fused_kernel = 'cudnn'
-  if jax.default_backend() == 'gpu':
-    pytest.skip('cuDNN may run on this backend')
-  with pytest.raises(UserError, match='fused_kernel=cudnn cannot run here'):
-    validate.check_config(c)
+  if jax.default_backend() != 'gpu':
+    with pytest.raises(UserError, match='fused_kernel=cudnn cannot run here'):
+      classifier.build_model(c, task)
+  c.data.black_is_padding = True
+  c.dtype = 'bfloat16'
+  with pytest.raises(UserError, match='add --config.model.attention.fused'):
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(jax, 'default_backend', lambda: 'gpu')
+      classifier.build_model(c, task)
 
 
 @pytest.mark.parametrize('causal', [False, True])

@@ -20,7 +20,8 @@ insists (one sentence where it cannot run), 'xla' never uses it. cuDNN takes
 key padding as per-example lengths, so the real keys must be a prefix
 (right padding, as every task pads); a mask that is not one (Pathfinder with
 data.black_is_padding) turns the output to NaN rather than into a silently
-different attention, and lra/validate.py refuses that combination upfront.
+different attention, and build_model (models/classifier.py) refuses that
+combination before training.
 
 `relative` (set by `model.positions='relative'`, einsum only): the logits
 are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
