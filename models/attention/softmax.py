@@ -3,8 +3,9 @@
 Vaswani et al., "Attention Is All You Need" (arXiv 1706.03762).
   out = softmax(q k^T / sqrt(D) + mask) v
 Time O(L M D), memory O(L M) per head for the einsum path; the fused path
-(`jax.nn.dot_product_attention`) lets XLA pick a kernel (cuDNN flash attention
-on GPU: O(L) memory). It is its own exact limit.
+(`jax.nn.dot_product_attention`) uses cuDNN's flash attention (O(L) memory)
+where `fused_kernel` (below) asks for it, else XLA's attention. It is its own
+exact limit.
 
 Two implementations of one function:
   'einsum': explicit logits, as LRA measured it; supports attention dropout.
