@@ -331,3 +331,20 @@ def test_ceiling_flag_is_parsed(tmp_path):
   )
   assert proc.returncode == 2, proc.stderr[-500:]
   assert proc.stderr.strip().startswith("error: Unknown model 'nope'")
+
+
+def test_dtype_reaches_the_cell_and_the_kernel_is_detected_from_hlo():
+  """--dtype sets each cell's compute dtype; fused_kernel_of reads the
+  compiled HLO: no cuDNN call on this backend, 'cudnn' for a text that
+  holds one."""
+  c = benchmark.cell_config('transformer_fused', 64, 'tiny', 2, 'bfloat16')
+  assert c.dtype == 'bfloat16' and c.max_length == 64
+
+  compiled = jax.jit(lambda x: x * 2).lower(jnp.ones(3)).compile()
+  assert benchmark.fused_kernel_of(compiled) is None
+
+  class Fake:
+    def as_text(self):
+      return 'custom_call_target="__cudnn$fmhaSoftmax"'
+
+  assert benchmark.fused_kernel_of(Fake()) == 'cudnn'
