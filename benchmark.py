@@ -3,6 +3,8 @@ r"""The LRA speed/memory table (Table 2), measured side by side in one process.
   python benchmark.py --out runs/bench          # every model, 1K-4K
   python benchmark.py --preset paper --models performer,local --out DIR
   python benchmark.py --models all,-transformer_fused --lengths 1024 --out DIR
+  python benchmark.py --preset paper --dtype bfloat16 --models \
+    transformer,transformer_fused --out DIR   # GPU: cuDNN flash attention
 
 Each cell (model, length) times full training steps (forward, backward and
 AdamW update, lra.steps.make_train_step) of the byte-level Text classifier
@@ -36,6 +38,11 @@ Presets (explicit --batch_size/--steps/--warmup override them):
   cpu (the default on CPU): 2 layers, emb 64, qkv 64, mlp 128, 2 heads,
     batch 2, 5 timed steps after 1 warm-up; 1K-4K in minutes on 2 cores.
   tiny: 1 layer, emb 16, batch 2, 2 + 1 steps; for tests.
+
+--dtype bfloat16 computes every cell in bfloat16 (params stay float32). Each
+row's fused_attention_kernel is 'cudnn' when the compiled step calls cuDNN's
+fused attention (transformer_fused on an NVIDIA GPU in bfloat16), and the
+table names those models.
 
 Writes to --out: benchmark.json (one row per cell, updated after each),
 benchmark.md (Table 2 layout, the paper's numbers beside ours), speed.png

@@ -169,7 +169,9 @@ class SoftmaxAttention(AttentionCore):
     """cuDNN flash attention; key padding as lengths (a prefix of keys)."""
     lengths_B, prefix_B = None, None
     if mask.key_padding_BxM is not None:
-      real_BxM = mask.key_padding_BxM
+      real_BxM = jnp.broadcast_to(
+        mask.key_padding_BxM, (q_BxLxHxD.shape[0], k_BxMxHxD.shape[1])
+      )
       lengths_B = real_BxM.sum(axis=-1, dtype=jnp.int32)
       positions_M = jnp.arange(real_BxM.shape[-1])
       prefix_B = jnp.all(
