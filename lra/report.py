@@ -279,7 +279,7 @@ def _column(task):
   return TASK_COLUMNS.index(task) if task in TASK_COLUMNS else len(TASK_COLUMNS)
 
 
-def _paper_value(table1, model, task):
+def paper_value(table1, model, task):
   ref = table1.get(model)
   return None if ref is None else ref[table1['columns'].index(task)]
 
@@ -326,11 +326,11 @@ def accuracy_table(runs_dir):
     cells = []
     for t in TASK_COLUMNS:
       g = rows[label].get(t)
-      ref = _paper_value(table1, model_of[label], t)
+      ref = paper_value(table1, model_of[label], t)
       cell = '-' if g is None else _mean_cell(g) + _marks([g])
       cells.append(cell + (f' ({ref:.2f})' if ref is not None else ''))
     avg = lra_average({t: g['accuracy'] for t, g in rows[label].items()})
-    ref = _paper_value(table1, model_of[label], 'avg')
+    ref = paper_value(table1, model_of[label], 'avg')
     cell = '-'
     if avg is not None:
       cell = f'{avg:.2f}' + _marks([rows[label][t] for t in TASK_COLUMNS[:5]])
@@ -354,7 +354,7 @@ def accuracy_table(runs_dir):
       g['label'],
     ),
   ):
-    ref = _paper_value(table1, g['model'], g['task'])
+    ref = paper_value(table1, g['model'], g['task'])
     cells = [
       g['task'],
       g['label'],

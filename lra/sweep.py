@@ -638,12 +638,7 @@ def runs_markdown(entries):
   for e in entries:
     if e.get('objective') not in (None, 'classify'):
       continue
-    ref = table1.get(e['model'])
-    paper_value = (
-      ref[table1['columns'].index(e['task'])]
-      if ref and e['task'] in table1['columns']
-      else None
-    )
+    paper_value = report.paper_value(table1, e['model'], e['task'])
     best = (
       f'{_percent(e.get("val_accuracy"))} ({e.get("best_step")})'
       if e.get('val_accuracy') is not None
