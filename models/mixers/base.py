@@ -1,0 +1,94 @@
+"""The sequence-mixer contract: a mixer replaces a block's attention sub-layer.
+
+  mixer(x_BxLxE, mask, *, rngs=None) -> (y_BxLxE, aux)
+
+x is the block's normalised input (not q/k/v); `mask` is the same structured
+`Mask` the attention cores receive (key padding bool[B, L] + a causal flag).
+`rngs` is a PRNG key for the mixer's own dropout (None: deterministic); `aux`
+is a dict (empty for the mixers here).
+
+Rules, as for attention cores: a padded position changes no real output (the
+builder zeroes the input at padded positions before the call, and each mixer
+says what more it needs: a scan must also keep the padded steps from
+touching its state, an FFT convolution must not wrap around); an all-padded
+example gives zeros; causal=True means y_t depends on x_<=t only; sums,
+scans and FFTs in float32 whatever the compute dtype; no parameter is drawn
+from anything but the builder's `rngs`.
+
+Mixers live in models/mixers/<name>.py, one per file, registered in the one
+registry (models/attention/registry.py) with `@register('<name>')`, and are
+configured through `model.attention` like every core
+(`--config.model.attention.name=s5 --config.model.attention.state_size=32`).
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+
+class SequenceMixer(nnx.Module):
+  """Base class. Subclasses set the flags and implement __call__.
+
+  Constructors take keyword arguments: the common ones (passed by the
+  builder: emb_dim, num_heads, max_length, dropout_rate, dtype, rngs,
+  layer_index) plus the mixer's own options from `config.model.attention`.
+  """
+
+  # Tells the builder to pass the block's input instead of q/k/v.
+  is_mixer = True
+  # Can run with causal=True.
+  supports_causal = True
+  # Flags the attention cores carry; the builder reads them on both kinds.
+  shared_qk = False
+  needs_max_len = False
+  recurrent = False
+  has_aux_loss = False
+  # Positions inside attention (pia, rotary, relative) do not apply: a
+  # mixer orders tokens by itself. Absolute positions at the embedding do.
+  rotary = None
+  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
+
+  def state_size(self):
+    """Numbers of recurrent state per example (Zoology's x-axis), or None."""
+    return None
+
+  def __call__(self, x_BxLxE, mask, *, rngs=None):
+    raise NotImplementedError
+
+
+def zero_padded(x_BxLxE, mask):
+  """x with padded positions set to zero (the builder's padding rule)."""
+  if mask.key_padding_BxM is None:
+    return x_BxLxE
+  return jnp.where(mask.key_padding_BxM[:, :, None], x_BxLxE, 0)
+
+
+def real_BxL(mask, batch, length):
+  """bool[B, L]: True at real tokens (all True without padding)."""
+  if mask.key_padding_BxM is None:
+    return jnp.ones((batch, length), bool)
+  return mask.key_padding_BxM
+
+
+def reverse_real(x_BxLxE, mask):
+  """x with each example's real tokens in reverse order, padding kept where
+  it was (a left-packed example [a b c _ _] -> [c b a _ _]): the input of a
+  mixer's backward pass, whose output is reversed back by the same call.
+  Without padding this is a flip along L."""
+  b, length = x_BxLxE.shape[:2]
+  if mask.key_padding_BxM is None:
+    return x_BxLxE[:, ::-1]
+  n_B = jnp.sum(mask.key_padding_BxM, axis=-1)
+  t_L = jnp.arange(length)
+  idx_BxL = jnp.where(
+    t_L[None, :] < n_B[:, None], n_B[:, None] - 1 - t_L[None, :], t_L[None, :]
+  )
+  return jnp.take_along_axis(x_BxLxE, idx_BxL[:, :, None], axis=1)
+
+
+def dropout(x, rate, key):
+  """Inverted dropout; identity when key is None or rate is 0."""
+  if key is None or rate == 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
