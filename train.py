@@ -28,6 +28,7 @@ the first steps on shorter crops (lra/curriculum.py; each train row of
 metrics.jsonl then records its `length`).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -38,8 +39,6 @@ from absl import app, flags, logging
 from flax import nnx
 import jax
 from ml_collections import config_flags
-import numpy as np
-from tqdm import tqdm
 
 from lra import (
   batching,
@@ -47,6 +46,7 @@ from lra import (
   curriculum,
   objectives,
   pretrained,
+  processes,
   runtime,
   steps,
   tasks,
@@ -54,19 +54,10 @@ from lra import (
 )
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
-from lra.metrics import (
-  MetricsLog,
-  StepTimer,
-  TensorBoard,
-  selection,
-  write_json,
-)
+from lra.metrics import MetricsLog, TensorBoard, selection, write_json
+from lra.progress import NonFiniteLoss, Progress
 from models.classifier import build_model
 from models.embeddings import fit_for_fine_tune
-
-
-class NonFiniteLoss(Exception):
-  pass
 
 
 # ---------------------------------------------------------------- model
@@ -112,9 +103,13 @@ def at_length(config, task, replicated, state, max_length):
   )
 
 
-# ----------------------------------------------------------------- loop
+# ------------------------------------------------------- restore or init
+# The best-on-validation record before any evaluation.
+NO_BEST = {'step': None, 'accuracy': -1.0, 'val': None}
+
+
 def warn(message):
-  if runtime.is_primary():
+  if processes.is_primary():
     print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
@@ -124,7 +119,7 @@ def resume_state(ckpt, state):
   next older one (latest, then best) is tried; (0, state, no best) when none
   is readable. The best checkpoint is checked too (the test runs on it): if
   it is unreadable the best is chosen again from the evaluations to come."""
-  no_best = {'step': None, 'accuracy': -1.0, 'val': None}
+  no_best = dict(NO_BEST)
   candidates = sorted(
     [(s, w) for w in ('latest', 'best') for s in ckpt.all_steps(w)],
     key=lambda c: (c[0], c[1] == 'latest'),
@@ -170,8 +165,9 @@ def check_best(ckpt, state, best, no_best, start):
   return no_best
 
 
-def train_and_evaluate(config, workdir, stop_after=None):
-  # Everything the user can get wrong is checked before the workdir exists.
+def check_inputs(config, workdir):
+  """Everything the user can get wrong, checked before the workdir exists;
+  returns the model selection (lra/metrics.py)."""
   validate.check_config(config)
   select = selection(config)
   validate.check_dir(workdir, '--workdir')
@@ -179,6 +175,137 @@ def train_and_evaluate(config, workdir, stop_after=None):
     validate.check_dir(config.data_dir, '--config.data_dir', writable=False)
   else:
     validate.check_dir(tasks.default_data_dir(), 'LRA_DATA_DIR', False)
+  return select
+
+
+def restore_or_init(config, workdir, state, changes):
+  """(start, state, best, init_step, changes, ckpt): the newest readable
+  checkpoint of `workdir`, or step 0 with config.init_from's encoder (a
+  fresh run reads init_from before the workdir exists, so a bad one is one
+  sentence and nothing is created; a resumed run has its own parameters).
+  `changes` (runtime.check_resume) stand only when the run resumes."""
+  resuming = any(saved_steps(workdir).values())
+  init_step = None
+  if not resuming:
+    state, init_step = init_from(config, state)
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
+  start, best = 0, dict(NO_BEST)
+  if resuming:
+    start, state, best = resume_state(ckpt, state)
+  if start == 0 and init_step is None:  # no checkpoint was readable
+    state, init_step = init_from(config, state)
+  return start, state, best, init_step, changes if start else {}, ckpt
+
+
+def open_log(config, workdir, start, init_step, changes):
+  """config.json and the metrics.jsonl log of a starting or resumed run,
+  with its 'config' rows (init_from, resume changes) and their messages.
+  Every process has read the workdir by now; from here on process 0 alone
+  writes config.json, metrics.jsonl, results.json and the progress bar
+  (all of them write the checkpoints, lra/checkpoints.py)."""
+  processes.barrier('train:read')
+  primary = processes.is_primary()
+  say = print if primary else (lambda *a, **k: None)
+  if primary:
+    runtime.write_config(config, workdir, bool(start), changes, start)
+  if start:
+    say(f'Resuming {workdir} from step {start}.')
+  log = MetricsLog(workdir, resume_step=start or None, primary=primary)
+  if init_step is not None:
+    log.write(
+      0,
+      'config',
+      init_from=os.path.abspath(config.init_from),
+      init_from_checkpoint=config.init_from_checkpoint,
+      init_from_step=init_step,
+    )
+    say(
+      f'Encoder from {config.init_from} ({config.init_from_checkpoint} '
+      f'checkpoint, step {init_step}); heads and optimizer fresh.'
+    )
+  if changes:
+    log.write(start, 'config', changes={k: list(v) for k, v in changes.items()})
+    say(
+      'Resuming with changed optimiser settings: '
+      + ', '.join(f'{k} {a} -> {b}' for k, (a, b) in changes.items())
+      + ' (recorded in config.json).'
+    )
+  return log
+
+
+def training_batch(config, task, data, stages, step):
+  """The host's rows of the batch of 0-based `step`: a stateless draw of
+  (seed, step) (lra/batching.py), cropped by the length curriculum
+  (Shortformer's: a crop of the same rows) and turned into an LM
+  objective's inputs, targets and weights (masks drawn from the step)."""
+  rows = batching.host_slice(
+    config.batch_size, jax.process_index(), jax.process_count()
+  )
+  batch = batching.train_batch(
+    *data['train'],
+    seed=config.seed,
+    step=step,
+    global_batch=config.batch_size,
+    length=config.max_length,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+  lm = objectives.is_lm(config)
+  if stages:
+    batch['inputs'] = curriculum.crop(
+      batch['inputs'],
+      curriculum.length_at(stages, step + 1, config.max_length),
+      windows=lm,
+      seed=config.seed,
+      step=step,
+      pad_id=0 if config.data.get('black_is_padding') else task.pad_id,
+      rows=rows,
+      global_rows=config.batch_size,
+    )
+  if lm:
+    batch = objectives.lm_batch(
+      batch,
+      config,
+      task,
+      stream='train',
+      index=step,
+      rows=rows,
+      global_batch=config.batch_size,
+    )
+  return batch
+
+
+@contextlib.contextmanager
+def stop_requests():
+  """A list that gets an entry when Ctrl-C asks to stop: the loop then ends
+  at the end of its current step (a checkpoint there resumes exactly); a
+  second Ctrl-C interrupts at once. Signal handlers can only be set in the
+  main thread; elsewhere the list stays empty."""
+  requested = []
+
+  def request_stop(signum, frame):
+    del signum, frame
+    requested.append(True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+  if threading.current_thread() is not threading.main_thread():
+    yield requested
+    return
+  previous = signal.signal(signal.SIGINT, request_stop)
+  try:
+    yield requested
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
+def train_and_evaluate(config, workdir, on_step=None):
+  """Trains, validates and tests one run in `workdir` (resuming it when it
+  has checkpoints); returns results.json's contents. on_step(step), when
+  given, is called after each step (tests: a kill at a chosen step)."""
+  select = check_inputs(config, workdir)
+
+  # ---------------------------------------------- mesh, model, data, steps
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
@@ -188,224 +315,72 @@ def train_and_evaluate(config, workdir, stop_after=None):
   train_step = steps.make_train_step(graphdef)
   eval_step = steps.make_eval_step(graphdef)
 
-  # ---- restore
-  resuming = any(saved_steps(workdir).values())
-  # A fresh run reads init_from before the workdir exists (a bad one is
-  # one sentence, nothing created); a resumed run has its own parameters.
-  init_step = None
-  if not resuming:
-    state, init_step = init_from(config, state)
-  os.makedirs(workdir, exist_ok=True)
-  ckpt = Checkpoints(workdir, keep=config.keep_checkpoints)
-  start, best = 0, {'step': None, 'accuracy': -1.0, 'val': None}
-  if resuming:
-    start, state, best = resume_state(ckpt, state)
-  resuming = resuming and start > 0
-  if not resuming and init_step is None:  # no checkpoint was readable
-    state, init_step = init_from(config, state)
-  changes = changes if resuming else {}
-  # Every process has read the workdir; from here on process 0 alone writes
-  # config.json, metrics.jsonl, results.json and the progress bar (all of
-  # them write the checkpoints, lra/checkpoints.py).
-  runtime.barrier('train:read')
-  primary = runtime.is_primary()
-  if primary:
-    runtime.write_config(config, workdir, resuming, changes, start)
-  if start and primary:
-    print(f'Resuming {workdir} from step {start}.')
-  log = MetricsLog(
-    workdir, resume_step=start if start else None, primary=primary
+  def evaluate(state, split):
+    return runtime.evaluate(
+      eval_step, state, data[split], config, batch_sharding, desc=split
+    )
+
+  # --------------------------------------------------------------- restore
+  start, state, best, init_step, changes, ckpt = restore_or_init(
+    config, workdir, state, changes
   )
-  if init_step is not None:
-    log.write(
-      0,
-      'config',
-      init_from=os.path.abspath(config.init_from),
-      init_from_checkpoint=config.init_from_checkpoint,
-      init_from_step=init_step,
-    )
-    if primary:
-      print(
-        f'Encoder from {config.init_from} ({config.init_from_checkpoint} '
-        f'checkpoint, step {init_step}); heads and optimizer fresh.'
-      )
-  if changes:
-    log.write(start, 'config', changes={k: list(v) for k, v in changes.items()})
-  if changes and primary:
-    print(
-      'Resuming with changed optimiser settings: '
-      + ', '.join(f'{k} {a} -> {b}' for k, (a, b) in changes.items())
-      + ' (recorded in config.json).'
-    )
-  if start >= config.num_train_steps and os.path.exists(
-    os.path.join(workdir, 'results.json')
-  ):
-    if primary:
+  log = open_log(config, workdir, start, init_step, changes)
+  results_path = os.path.join(workdir, 'results.json')
+  if start >= config.num_train_steps and os.path.exists(results_path):
+    if processes.is_primary():
       print(f'{workdir} already finished {start} steps; see results.json.')
-    return json.load(open(os.path.join(workdir, 'results.json')))
+    return json.load(open(results_path))
 
+  # ------------------------------------------------------------------ loop
   base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
-  pending, last_good = [], start
-  bar = tqdm(
-    total=config.num_train_steps,
-    initial=start,
-    desc='train',
-    disable=not primary,
-    dynamic_ncols=True,
-    file=sys.stdout,
-    # tqdm's own rate and ETA would count compilation and evaluation: ours
-    # instead (eta: the steps left at the training steps/s, evaluation not
-    # included).
-    bar_format='{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]',
-  )
-  timer = StepTimer()
-  schedule = steps.learning_rate_schedule(config)
-  accum = max(config.grad_accum_steps, 1)
-  lm = objectives.is_lm(config)
   acc_key = objectives.accuracy_key(config)
-
-  def flush(step):
-    """Syncs pending step metrics; raises NonFiniteLoss naming the step."""
-    nonlocal pending
-    rows = jax.device_get(pending)
-    pending = []
-    for s, m in rows:
-      if not np.isfinite(m['loss']):
-        raise NonFiniteLoss(s, 'the loss is not finite')
-      if not m['params_finite']:
-        raise NonFiniteLoss(s, 'the parameters diverged (their norm overflows)')
-    if rows:
-      rate = timer.rate(step)  # the steps' results are back: they are done
-      mean = lambda k: float(np.mean([m[k] for _, m in rows]))  # noqa: E731
-      acc = sum(float(m['correct_sum']) for _, m in rows) / sum(
-        float(m['count']) for _, m in rows
-      )
-      # The rate the optimiser applied at this step (its count: the updates
-      # before it; one update per grad_accum_steps steps).
-      lr = float(schedule((step - 1) // accum))
-      shown = {}
-      if rate is not None:
-        left = (config.num_train_steps - step) / rate
-        eta = tqdm.format_interval(left)
-        shown = {'steps_per_s': f'{rate:.2f}', 'eta': eta}
-      shown = {
-        'loss': f'{mean("loss"):.4f}',
-        'acc': f'{acc:.3f}',
-        'lr': f'{lr:.3g}',
-        **shown,
-      }
-      bar.set_postfix(shown)  # a dict keeps this order (keywords are sorted)
-      return log.write(
-        step,
-        'train',
-        loss=mean('loss'),
-        **{acc_key: acc},
-        grad_norm=mean('grad_norm'),
-        learning_rate=lr,
-        steps_per_sec=rate,
-        # The curriculum's input length at this step (lra/curriculum.py).
-        **(
-          {'length': curriculum.length_at(stages, step, config.max_length)}
-          if stages
-          else {}
-        ),
-      )
-
-  def save(step):
-    ckpt.save('latest', step, state, {'step': step, 'best': best})
-
-  # Ctrl-C asks to stop at the end of the current step (a checkpoint there
-  # resumes exactly); a second Ctrl-C interrupts at once.
-  stop_requested = []
-
-  def request_stop(signum, frame):
-    del signum, frame
-    stop_requested.append(True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-  main_thread = threading.current_thread() is threading.main_thread()
-  if main_thread:  # signal handlers can only be set there
-    previous_handler = signal.signal(signal.SIGINT, request_stop)
+  progress = Progress(
+    config,
+    log,
+    start=start,
+    stages=stages,
+    schedule=steps.learning_rate_schedule(config),
+    acc_key=acc_key,
+    primary=processes.is_primary(),
+  )
+  last_good = start
   try:
-    for step in range(start + 1, config.num_train_steps + 1):
-      batch = batching.train_batch(
-        *data['train'],
-        seed=config.seed,
-        step=step - 1,
-        global_batch=config.batch_size,
-        length=config.max_length,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-      )
-      length = curriculum.length_at(stages, step, config.max_length)
-      new_stage = length != curriculum.length_at(
-        stages, step - 1, config.max_length
-      )
-      if stages:  # Shortformer's curriculum: a crop of the same rows
-        batch['inputs'] = curriculum.crop(
-          batch['inputs'],
-          length,
-          windows=lm,
-          seed=config.seed,
-          step=step - 1,
-          pad_id=0 if config.data.get('black_is_padding') else task.pad_id,
-          rows=batching.host_slice(
-            config.batch_size, jax.process_index(), jax.process_count()
-          ),
-          global_rows=config.batch_size,
+    with stop_requests() as stop_requested:
+      for step in range(start + 1, config.num_train_steps + 1):
+        batch = training_batch(config, task, data, stages, step - 1)
+        state, metrics = train_step(
+          state,
+          runtime.to_device(batch, batch_sharding),
+          jax.random.fold_in(base_key, step),
         )
-      if lm:  # the objective's inputs, targets and weights (masks: step)
-        batch = objectives.lm_batch(
-          batch,
-          config,
-          task,
-          stream='train',
-          index=step - 1,
-          rows=batching.host_slice(
-            config.batch_size, jax.process_index(), jax.process_count()
-          ),
-          global_batch=config.batch_size,
-        )
-      state, metrics = train_step(
-        state,
-        runtime.to_device(batch, batch_sharding),
-        jax.random.fold_in(base_key, step),
-      )
-      pending.append((step, metrics))
-      bar.update(1)
-      if step == start + 1 or new_stage:  # it compiled: time from its end
-        jax.block_until_ready(metrics)
-        timer.resume(step)
-      last = step == config.num_train_steps
-      if step % config.log_every_steps == 0 or last:
-        flush(step)
-      if step % config.eval_every_steps == 0 or last:
-        flush(step)
-        val = runtime.evaluate(
-          eval_step, state, data['val'], config, batch_sharding, desc='val'
-        )
-        log.write(step, 'val', **val)
-        if primary:
-          tqdm.write(f'step {step}: val {objectives.describe(val, config)}')
-        if objectives.better(val, best, config):
-          best = {'step': step, 'accuracy': val[acc_key], 'val': val}
-          ckpt.save('best', step, state, {'step': step, 'best': best})
-        timer.resume(step)  # steps/s counts training steps only
-      if step % config.checkpoint_every_steps == 0 or last:
-        flush(step)
-        save(step)
-        last_good = step
-        timer.resume(step)
-      if stop_after is not None and step >= stop_after:
-        bar.close()
-        os._exit(3)  # pylint: disable=protected-access
-      if stop_requested:
-        flush(step)
-        save(step)
-        last_good = step
-        raise KeyboardInterrupt
+        new_stage = curriculum.length_at(
+          stages, step, config.max_length
+        ) != curriculum.length_at(stages, step - 1, config.max_length)
+        progress.step_done(step, metrics, step == start + 1 or new_stage)
+        last = step == config.num_train_steps
+        if step % config.log_every_steps == 0 or last:
+          progress.flush(step)
+        if step % config.eval_every_steps == 0 or last:
+          progress.flush(step)
+          val = evaluate(state, 'val')
+          log.write(step, 'val', **val)
+          progress.write(f'step {step}: val {objectives.describe(val, config)}')
+          if objectives.better(val, best, config):
+            best = {'step': step, 'accuracy': val[acc_key], 'val': val}
+            ckpt.save('best', step, state, {'step': step, 'best': best})
+          progress.resume_timer(step)  # steps/s counts training steps only
+        stopping = bool(stop_requested)  # read once: a signal may come now
+        if step % config.checkpoint_every_steps == 0 or last or stopping:
+          progress.flush(step)
+          ckpt.save('latest', step, state, {'step': step, 'best': best})
+          last_good = step
+          progress.resume_timer(step)
+        if on_step is not None:
+          on_step(step)
+        if stopping:
+          raise KeyboardInterrupt
   except KeyboardInterrupt:
-    bar.close()
+    progress.close()
     ckpt.close()
     where = f'step {last_good}' if last_good else 'no checkpoint yet'
     print(
@@ -415,44 +390,51 @@ def train_and_evaluate(config, workdir, stop_after=None):
     )
     sys.exit(130)
   except NonFiniteLoss as e:
-    bar.close()
-    kept = (
-      f'the last good checkpoint is step {last_good} in {workdir}/checkpoints;'
-      ' run the same command with a lower --config.learning_rate (e.g. '
-      f'{config.learning_rate / 10:g}) or --config.grad_clip_norm=1 to '
-      'resume from it'
-      if last_good
-      else 'no checkpoint had been saved yet; run the same command with a '
-      f'lower --config.learning_rate (e.g. {config.learning_rate / 10:g}) '
-      'or --config.grad_clip_norm=1 to start again'
-    )
-    raise UserError(
-      f'Training stopped: {e.args[1]} at step {e.args[0]}; {kept}.'
-    ) from None
-  finally:
-    if main_thread:
-      signal.signal(signal.SIGINT, previous_handler)
-  bar.close()
+    progress.close()
+    raise non_finite_error(e, config, workdir, last_good) from None
+  progress.close()
 
+  # ------------------------------------------------------------------ test
   if best['step'] is None:  # its checkpoint was unreadable; take the last
-    val = runtime.evaluate(
-      eval_step, state, data['val'], config, batch_sharding, desc='val'
-    )
+    val = evaluate(state, 'val')
     best = {'step': last_good, 'accuracy': val[acc_key], 'val': val}
     ckpt.save('best', last_good, state, {'step': last_good, 'best': best})
-
-  # ---- test the best-on-validation checkpoint and the final step's
-  def test_of(test_state):
-    return runtime.evaluate(
-      eval_step, test_state, data['test'], config, batch_sharding, desc='test'
-    )
-
   best_state, _ = ckpt.restore('best', best['step'], state)
-  test = test_of(best_state)
+  test = evaluate(best_state, 'test')
   log.write(best['step'], 'test', checkpoint='best', **test)
   last_step = max(start, config.num_train_steps)
-  test_last = test if best['step'] == last_step else test_of(state)
+  test_last = test if best['step'] == last_step else evaluate(state, 'test')
   log.write(last_step, 'test', checkpoint='last', **test_last)
+  ckpt.close()
+  tested = {'test': test, 'last_step': last_step, 'test_last': test_last}
+  return finish(config, workdir, task, log, select, best, tested)
+
+
+def non_finite_error(e, config, workdir, last_good):
+  """The one sentence for a NonFiniteLoss: where the last good checkpoint
+  is and the command that resumes from it with a lower learning rate."""
+  lower = f'{config.learning_rate / 10:g}'
+  kept = (
+    f'the last good checkpoint is step {last_good} in {workdir}/checkpoints;'
+    ' run the same command with a lower --config.learning_rate (e.g. '
+    f'{lower}) or --config.grad_clip_norm=1 to resume from it'
+    if last_good
+    else 'no checkpoint had been saved yet; run the same command with a '
+    f'lower --config.learning_rate (e.g. {lower}) or '
+    '--config.grad_clip_norm=1 to start again'
+  )
+  return UserError(
+    f'Training stopped: {e.args[1]} at step {e.args[0]}; {kept}.'
+  )
+
+
+def finish(config, workdir, task, log, select, best, tested):
+  """Writes results.json (process 0), prints the summary and where the
+  results are; returns the results. tested: the best checkpoint's `test`,
+  the final step's `test_last` at `last_step`."""
+  test, test_last = tested['test'], tested['test_last']
+  last_step = tested['last_step']
+  lm = objectives.is_lm(config)
   results = {
     'task': config.task,
     'model': config.model_name,
@@ -470,26 +452,29 @@ def train_and_evaluate(config, workdir, stop_after=None):
   }
   if lm:  # no accuracy to report: best is the lowest validation loss
     del results['select']
-  if primary:
+  if processes.is_primary():
     write_json(os.path.join(workdir, 'results.json'), results)
-  ckpt.close()
-  if primary and lm:
-    print(
-      f'best step {best["step"]} (lowest val loss): val '
-      f'{objectives.describe(best["val"], config)}; test '
-      f'{objectives.describe(test, config)}; final step {last_step}: test '
-      f'{objectives.describe(test_last, config)}'
-    )
-  elif primary:
-    print(
-      f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
-      f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
-      f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
-    )
-  if primary:
+    print(summary(config, best, test, last_step, test_last, select))
     print(where_results(workdir, log.tensorboard is not None))
   log.close()
   return results
+
+
+def summary(config, best, test, last_step, test_last, select):
+  """The final line of numbers: the best step's validation and test, and
+  the final step's test."""
+  if objectives.is_lm(config):
+    describe = lambda m: objectives.describe(m, config)  # noqa: E731
+    return (
+      f'best step {best["step"]} (lowest val loss): val '
+      f'{describe(best["val"])}; test {describe(test)}; final step '
+      f'{last_step}: test {describe(test_last)}'
+    )
+  return (
+    f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
+    f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
+    f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
+  )
 
 
 def where_results(workdir, tensorboard):
@@ -526,6 +511,20 @@ def define_flags():
   )
 
 
+def kill_after(stop_after):
+  """The --stop_after_steps test hook: a callback that ends the process
+  abruptly (status 3, no save) after that step, as a kill would."""
+  if stop_after is None:
+    return None
+
+  def on_step(step):
+    if step >= stop_after:
+      sys.stdout.flush()
+      os._exit(3)  # pylint: disable=protected-access
+
+  return on_step
+
+
 def main(argv):
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   if len(argv) > 1:
@@ -539,7 +538,9 @@ def main(argv):
   quiet_logs()
   try:
     cli.initialize_processes()
-    train_and_evaluate(config, workdir, flags.FLAGS.stop_after_steps)
+    train_and_evaluate(
+      config, workdir, kill_after(flags.FLAGS.stop_after_steps)
+    )
   except UserError as e:
     cli.exit_with_error(e)
 

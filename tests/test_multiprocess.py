@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from lra import batching, runtime, tasks
+from lra import batching, processes, runtime, tasks
 from lra.checkpoints import Checkpoints
 from lra.errors import UserError
 from lra.metrics import read_rows
@@ -198,12 +198,12 @@ def test_a_process_without_its_peers_stops_after_the_timeout(tmp_path):
 
 def test_process_flags_all_three_or_none():
   with pytest.raises(UserError, match='all three'):
-    runtime.initialize('127.0.0.1:1234', 2, None)
+    processes.initialize('127.0.0.1:1234', 2, None)
   with pytest.raises(UserError, match='not HOST:PORT'):
-    runtime.initialize('localhost', 2, 0)
+    processes.initialize('localhost', 2, 0)
   with pytest.raises(UserError, match='not in 0..1'):
-    runtime.initialize('127.0.0.1:1234', 2, 2)
-  assert runtime.initialize() == 1  # neither: one process, nothing done
+    processes.initialize('127.0.0.1:1234', 2, 2)
+  assert processes.initialize() == 1  # neither: one process, nothing done
 
 
 @pytest.mark.parametrize('count', [2, 4])
