@@ -1,13 +1,17 @@
-"""MultiHeadAttention around a core, the feed-forward and pre-LN blocks."""
+"""MultiHeadAttention around a core (or a sequence mixer in its place), the
+feed-forward and pre-LN blocks."""
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from errors import UserError
 from models.attention import Mask, build
 from models.attention.base import dropout, pad_to_multiple
+from models.attention.registry import build_mixer, get_core_class, is_mixer
 from models.attention.relative import with_relative
-from models.positions import check_rotary, pia_inputs, rotate
+from models.mixers.base import zero_padded
+from models.positions import check_rotary, pia_qk_inputs, rotate
 
 # The LRA reference's initialisers for attention and feed-forward layers.
 XAVIER = nnx.initializers.xavier_uniform()
@@ -75,20 +79,80 @@ class MultiHeadAttention(nnx.Module):
     offsets across segments)."""
     b, length, _ = x_BxLxE.shape
     heads = lambda t: t.reshape(b, -1, self.num_heads, self.head_dim)  # noqa: E731
-    # pia: positions 0 .. L-1 of this call's tokens on the query and key
-    # inputs only (models/positions.py); a memory passed to the core holds
-    # keys as they were projected (and rotated) in their own segment.
-    qk_BxLxE = pia_inputs(x_BxLxE) if self.positions == 'pia' else x_BxLxE
-    q_BxLxHxD = heads(self.query(qk_BxLxE))
-    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(qk_BxLxE))
+    # pia (models/positions.py pia_qk_inputs): positions on the query and
+    # key inputs only, 0 .. L-1 of this call's tokens; with a recurrent
+    # core's memory of M slots, Shortformer's window [memory; segment]:
+    # queries at M .. M+L-1, the keys passed position-free (the core caches
+    # them) and their window positions in `extra`, which the core adds.
+    q_in_BxLxE, k_in_BxLxE, extra = pia_qk_inputs(self, x_BxLxE, memory)
+    q_BxLxHxD = heads(self.query(q_in_BxLxE))
+    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(k_in_BxLxE))
     v_BxLxHxD = heads(self.value(x_BxLxE))
     if self.positions == 'rotary':  # shared q/k: rotated once
       q_BxLxHxD = rotate(q_BxLxHxD, offset)
       k_BxLxHxD = q_BxLxHxD if self.key is None else rotate(k_BxLxHxD, offset)
     out_BxLxHxD, aux = self.core(
-      q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, rngs=key, memory=memory
+      q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, rngs=key, memory=memory, **extra
     )
     return self.out(out_BxLxHxD.reshape(b, length, -1)), aux
+
+
+class MixerSublayer(nnx.Module):
+  """A sequence mixer (models/mixers/) in the attention sub-layer's place,
+  with MultiHeadAttention's call signature: the block's normalised input,
+  zeroed at padded positions (the mixers' padding rule), goes to the mixer
+  itself, and the output at padded positions is zero."""
+
+  def __init__(
+    self,
+    emb_dim,
+    num_heads,
+    attention,
+    *,
+    max_length,
+    dropout_rate,
+    dtype,
+    rngs,
+    layer_index=0,
+    positions='none',
+  ):
+    name = attention['name']
+    if positions in ('pia', 'rotary', 'relative'):
+      raise UserError(
+        f'{name!r} is a sequence mixer and orders tokens itself; '
+        f'model.positions={positions} acts inside attention: use '
+        'model.positions=none or learned/sinusoidal.'
+      )
+    self.mixer = build_mixer(
+      attention,
+      emb_dim=emb_dim,
+      num_heads=num_heads,
+      max_length=max_length,
+      dropout_rate=dropout_rate,
+      dtype=dtype,
+      rngs=rngs,
+      layer_index=layer_index,
+    )
+    self.core = self.mixer  # what the builder's checks read (flags)
+
+  def __call__(self, x_BxLxE, mask, *, key=None, memory=None, offset=0):
+    del offset  # positions are the mixer's own
+    if memory is not None:
+      raise UserError(
+        f'{self.mixer.registry_name!r} is a sequence mixer and keeps no '
+        'segment memory; use model.segment_length=0.'
+      )
+    y_BxLxE, aux = self.mixer(zero_padded(x_BxLxE, mask), mask, rngs=key)
+    return zero_padded(y_BxLxE, mask), aux
+
+
+def sequence_mixing(emb_dim, qkv_dim, num_heads, attention, **kw):
+  """The attention sub-layer of a block: MultiHeadAttention around an
+  attention core, or a MixerSublayer around a sequence mixer (the
+  registered class's `is_mixer` flag decides, nothing else)."""
+  if is_mixer(get_core_class(attention['name'])):
+    return MixerSublayer(emb_dim, num_heads, attention, **kw)
+  return MultiHeadAttention(emb_dim, qkv_dim, num_heads, attention, **kw)
 
 
 class Mlp(nnx.Module):
@@ -115,7 +179,7 @@ class TransformerBlock(nnx.Module):
   def __init__(self, cfg, *, max_length, dtype, rngs, layer_index=0):
     e = cfg.emb_dim
     self.ln_attn = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
-    self.attn = MultiHeadAttention(
+    self.attn = sequence_mixing(
       e,
       cfg.qkv_dim,
       cfg.num_heads,
@@ -202,8 +266,6 @@ def checked_ffn_chunks(cfg):
   """cfg.ffn_chunks, checked (1 when the config predates the option)."""
   n = getattr(cfg, 'ffn_chunks', 1)
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    from errors import UserError  # pylint: disable=g-import-not-at-top
-
     raise UserError(
       f'model.ffn_chunks must be a positive integer, got {n!r}; use 1 for '
       'no chunking.'
@@ -215,8 +277,6 @@ def as_dtype(name):
   try:
     return {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[name]
   except KeyError:
-    from errors import UserError  # pylint: disable=g-import-not-at-top
-
     raise UserError(
       f'Unknown dtype {name!r}; use float32 or bfloat16.'
     ) from None

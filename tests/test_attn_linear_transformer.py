@@ -103,3 +103,7 @@ def test_memory_grows_linearly(causal):
     f'ratio {large / small:.2f}'
   )
   assert large / small <= 5
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(opts={}, exact=None, identity='its kernel identities, this file')

@@ -199,3 +199,21 @@ def test_memory_grows_linearly():
   small = core_memory_bytes({'name': 'linformer'}, 1024)
   large = core_memory_bytes({'name': 'linformer'}, 4096)
   assert large / small <= 5, (small, large)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+def _identity_projections(core):
+  """Linformer's exact limit: k = L and E = F = identity."""
+  for name in ('e_MxK', 'f_MxK'):
+    p = getattr(core, name, None)
+    if p is not None:
+      p[...] = jnp.eye(*p[...].shape[-2:]).reshape(p[...].shape)
+
+
+SUITE = dict(
+  opts={'proj_length': 16},
+  exact={'proj_length': 37},
+  hook=_identity_projections,
+  exact_padding=False,
+  causal=None,
+)

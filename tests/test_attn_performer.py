@@ -187,3 +187,16 @@ def test_memory_grows_linearly(causal):
     f'ratio {large / small:.2f}'
   )
   assert large / small <= 5
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(
+  opts={'num_features': 32},
+  exact=None,
+  identity='its kernel identities, this file',
+  # Rotary (tests/test_positions.py): an estimate at many features, error
+  # O(1 / sqrt(m)), inputs scaled down (its variance grows with |q| |k|).
+  rotary_opts={'num_features': 2048},
+  rotary_tol=0.05,
+  rotary_scale=0.4,
+)

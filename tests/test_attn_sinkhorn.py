@@ -215,3 +215,12 @@ def test_memory_grows_about_linearly():
   small = core_memory_bytes({'name': 'sinkhorn'}, 1024)
   large = core_memory_bytes({'name': 'sinkhorn'}, 4096)
   assert large / small <= 5, (small, large)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(
+  opts={'block_size': 8},
+  exact={'block_size': 64},
+  exact_causal=False,
+  causal=None,
+)

@@ -188,3 +188,18 @@ def test_parameters_sized_by_max_length():
     'r2_HxNxK': (H, MAX, 3),
   }
   assert shapes['dense']['w2_HxDxN'] == (H, D, MAX)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+def _zero_synthetic(core):
+  """Synthesizer's exact limit: mixed with q.k and no synthetic logits."""
+  for _, p in nnx.iter_graph(core):
+    if isinstance(p, nnx.Param):
+      p[...] = jnp.zeros_like(p[...])
+
+
+SUITE = dict(
+  opts={'mode': 'random'},
+  exact={'mode': 'dense', 'mix_dot_product': True},
+  hook=_zero_synthetic,
+)

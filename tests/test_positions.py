@@ -5,8 +5,9 @@ offset-only scores, MultiHeadAttention against a numpy oracle of its
 projections for both schemes, PIA's position-free values and residual
 stream, and every registered core: it runs with rotary (at its exact limit,
 equal to the dense oracle of the rotated projections) or refuses at
-construction with one sentence. A core registered without an entry in
-ROTARY, or without its own `rotary` declaration, fails here.
+construction with one sentence. A core registered without
+its own `rotary` declaration fails here; per-core settings are in each
+core's SUITE (tests/test_attn_<name>.py).
 """
 
 from attention_oracle import dense_reference, full_pattern, make, padding
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from test_attention_suite import SUITE, reformer_reference
+from test_attention_suite import SUITE
+from test_attn_reformer import reformer_reference
 from test_models_tasks import task_config
 
 from configs.base import get_base_config
@@ -28,6 +30,7 @@ from models.attention.registry import get_core_class
 from models.embeddings import Embedder, sinusoidal_LxE
 from models.encoder import Encoder
 from models.layers import MultiHeadAttention
+from models.mixers.base import SequenceMixer
 from models.positions import pia_inputs, rotate
 import train
 
@@ -35,42 +38,14 @@ B, L, H, D = 2, 37, 2, 8
 E = H * D
 LENGTHS = (L, 20)
 
-# name -> rotary capability of the core as this file builds it (with the
-# options below). A registered core missing here fails
-# test_every_core_declares_rotary.
-ROTARY = {
-  'softmax': 'scores',
-  'local': 'scores',
-  'sparse_transformer': 'scores',
-  'longformer': 'scores',
-  'bigbird': 'scores',
-  'sinkhorn': 'scores',
-  'synthesizer': 'scores',  # with mix_dot_product (its exact limit)
-  'reformer': 'scores',
-  # Recurrent: each segment rotated from position 0 (see models/positions.py).
-  'transformer_xl': 'scores',
-  'compressive_transformer': 'scores',
-  'performer': 'features',
-  'linear_transformer': None,
-  'linformer': None,
-  'none': None,
-}
-# Options where the suite's exact limit is not the one used here:
-# sparse_transformer's patterns are softmax at stride >= L; performer is
-# compared with the oracle at many features (an estimate, not a limit); the
+# Per-core settings (a core's SUITE in tests/test_attn_<name>.py):
+# rotary_opts where the suite's exact limit is not the one used here
+# (sparse_transformer's patterns are softmax at stride >= L; performer is
+# compared with the oracle at many features, an estimate, not a limit; the
 # recurrent cores without memory and without their relative positions are
-# softmax attention.
-OPTIONS = {
-  'sparse_transformer': {'pattern': 'mixed', 'stride': 64, 'summary': 3},
-  'performer': {'num_features': 2048},
-  'transformer_xl': {},
-  'compressive_transformer': {},
-}
-# Max abs error allowed against the oracle (float32; performer: random
-# features, error O(1 / sqrt(m)); inputs scaled down, since the estimate's
-# variance grows with exp(|q| |k|)).
-TOLERANCE = {'performer': 0.05}
-INPUT_SCALE = {'performer': 0.4}
+# softmax attention); rotary_tol, the max abs error allowed against the
+# oracle (default 2e-5); rotary_scale, the inputs' scale.
+CORES = sorted(SUITE)
 
 
 def complex_rotation(x, offset=0, sign=1):
@@ -154,11 +129,11 @@ def make_core(options):
 
 
 def options_for(name):
-  """The core's options here: OPTIONS, else the suite's exact limit, else
-  the suite's options."""
+  """The core's options here: its rotary_opts, else the suite's exact
+  limit, else the suite's options."""
   entry = SUITE[name]
-  if name in OPTIONS:
-    return OPTIONS[name]
+  if 'rotary_opts' in entry:
+    return entry['rotary_opts']
   return entry['exact'] if entry['exact'] is not None else entry['opts']
 
 
@@ -230,39 +205,39 @@ def test_attention_equals_numpy_oracle(name, positions):
 
 def test_every_core_declares_rotary():
   """Each registered core states its rotary capability in its own class
-  (not inherited from AttentionCore), with a reason when it refuses, and
-  has an entry here."""
-  assert set(known_cores()) == set(ROTARY)
+  (not inherited from AttentionCore or SequenceMixer), with a reason when
+  it refuses."""
   for name in known_cores():
     cls = get_core_class(name)
-    own = [c for c in cls.__mro__ if c is not AttentionCore]
+    own = [c for c in cls.__mro__ if c not in (AttentionCore, SequenceMixer)]
     assert any('rotary' in vars(c) for c in own), name
     assert cls.rotary in ('scores', 'features', None), name
     if cls.rotary is None:
       assert any('rotary_refusal' in vars(c) for c in own), name
 
 
-@pytest.mark.parametrize('name', sorted(ROTARY))
+@pytest.mark.parametrize('name', CORES)
 def test_rotary_runs_or_refuses(name):
   """Accepting cores at their exact limit equal the numpy oracle of the
   rotated projections (performer: an estimate at many features); refusing
   cores stop at construction with one sentence naming the core."""
-  if ROTARY[name] is None:
+  declared = get_core_class(name).rotary
+  if declared is None:
     with pytest.raises(UserError, match=f"'{name}'.*rotary") as err:
       attention(name, 'rotary')
     assert '\n' not in str(err.value) and str(err.value).endswith('.')
     return
   mha = attention(name, 'rotary')
-  assert mha.core.rotary == ROTARY[name]
-  x = normal(7, (B, L, E), INPUT_SCALE.get(name, 1.0))
+  assert mha.core.rotary == declared
+  x = normal(7, (B, L, E), SUITE[name].get('rotary_scale', 1.0))
   pad = padding(LENGTHS, L)
   got = run_mha(mha, x, pad)
   assert np.isfinite(got).all()
-  if name in OPTIONS or SUITE[name]['exact'] is not None:
+  if 'rotary_opts' in SUITE[name] or SUITE[name]['exact'] is not None:
     real = np.asarray(pad)
     want = mha_oracle(mha, x, pad, 'rotary')
     err = np.abs(got - want)[real].max()
-    assert err < TOLERANCE.get(name, 2e-5), err
+    assert err < SUITE[name].get('rotary_tol', 2e-5), err
     # Far closer to rotary attention than to the same without positions.
     plain = mha_oracle(mha, x, pad, 'none')
     assert err < 0.2 * np.abs(want - plain)[real].max(), err
