@@ -125,8 +125,19 @@ def get_base_config():
   # row + column parts) or 'none'; in attention: 'relative', 'pia',
   # 'rotary' (models/embeddings.py).
   m.positions = 'sinusoidal'
-  # Attention core: registry name + its options (models/attention/registry.py).
+  # Attention core or sequence mixer: its registry name and every option of
+  # its constructor (models/attention/registry.py options_of), defaults
+  # filled by the task file (configs/models.py apply_model); set any with
+  # --config.model.attention.<option>=<value>.
   m.attention = ml_collections.ConfigDict({'name': 'softmax'})
+  # The block (models/layers.py): 'transformer' (pre-LN: sequence mixing,
+  # then a feed-forward of width mlp_dim) or 'ssm' (the S4/S5 papers' LRA
+  # block: norm, sequence mixing, dropout, residual; no feed-forward).
+  m.block = 'transformer'
+  # model.block=ssm only: 'layer' or 'batch' norm, before (prenorm) or after
+  # the residual sum.
+  m.norm = 'layer'
+  m.prenorm = True
   # Reversible residual blocks (Reformer; models/reversible.py): activations
   # rebuilt in the backward pass, so memory does not grow with the depth.
   m.reversible = False

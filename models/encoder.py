@@ -17,12 +17,14 @@ the plain model's, then stacked, so the same seed gives the same numbers.
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout
+from models.attention.registry import get_core_class
 from models.embeddings import Embedder
-from models.layers import TransformerBlock, split_key
+from models.layers import TransformerBlock, block_class, split_key
 from models.reversible import reversible_blocks
 
 
@@ -43,6 +45,10 @@ class Encoder(nnx.Module):
     self.use_cls = cfg.pooling == 'cls'
     # A causal mask in every layer (causal_lm, models/lm.py).
     self.causal = causal
+    # Issue #21: options the core resolves from the model (Longformer's
+    # global_positions='auto' from the pooling) and the learned tokens it
+    # wants prepended (BigBird ETC's global tokens): attention_for_model.
+    cfg, self.num_extra = attention_for_model(cfg, causal)
     total = max_length + int(self.use_cls)
     self.embed = Embedder(
       vocab_size, cfg.emb_dim, total, cfg.positions, dtype=dtype, rngs=rngs
@@ -51,10 +57,15 @@ class Encoder(nnx.Module):
       # Zeros, as the LRA reference; it gets position 0 (prepended before
       # the positions are added).
       self.cls_E = nnx.Param(jnp.zeros((cfg.emb_dim,), jnp.float32))
+    block = block_class(cfg)  # model.block: transformer or ssm
     self.blocks = nnx.List(
       [
-        TransformerBlock(
-          cfg, max_length=total, dtype=dtype, rngs=rngs, layer_index=i
+        block(
+          cfg,
+          max_length=total + self.num_extra,  # + the ETC tokens (#21)
+          dtype=dtype,
+          rngs=rngs,
+          layer_index=i,
         )
         for i in range(cfg.num_layers)
       ]
@@ -65,6 +76,12 @@ class Encoder(nnx.Module):
     if not isinstance(self.reversible, bool):
       raise UserError(
         f'model.reversible must be True or False, got {self.reversible!r}.'
+      )
+    if self.reversible and block is not TransformerBlock:
+      raise UserError(
+        'Reversible blocks pair an attention and a feed-forward branch; '
+        'model.block=ssm has no feed-forward: set '
+        '--config.model.reversible=False.'
       )
     self.num_layers = cfg.num_layers
     self.remat = checked_bool(cfg, 'remat')
@@ -81,6 +98,16 @@ class Encoder(nnx.Module):
     self.pad_id = pad_id
     self.dropout_rate = cfg.dropout_rate
     self.dtype = dtype
+    if self.num_extra:
+      # ETC global tokens (issue #21): learned, position-free, N(0, 1) like
+      # the token embeddings (distinct, so they do not stay symmetric);
+      # drawn last, so the rest of the model is initialised as without.
+      # A fine-tune from a model without them keeps this initial value
+      # (lra/pretrained.py reads `init_from_missing`).
+      self.extra_GxE = nnx.Param(
+        jax.random.normal(rngs.params(), (self.num_extra, cfg.emb_dim)),
+        init_from_missing='fresh (learned global tokens)',
+      )
 
   def __call__(self, tokens_BxL, *, key=None):
     b = tokens_BxL.shape[0]
@@ -96,6 +123,16 @@ class Encoder(nnx.Module):
           [jnp.ones((b, 1), bool), padding_BxL], axis=1
         )
     x_BxLxE = self.embed.add_positions(x_BxLxE)
+    if self.num_extra:  # ETC global tokens first, never padding (#21)
+      g = self.num_extra
+      extra_BxGxE = jnp.broadcast_to(
+        self.extra_GxE[...].astype(x_BxLxE.dtype), (b, g, x_BxLxE.shape[-1])
+      )
+      x_BxLxE = jnp.concatenate([extra_BxGxE, x_BxLxE], axis=1)
+      if padding_BxL is not None:
+        padding_BxL = jnp.concatenate(
+          [jnp.ones((b, g), bool), padding_BxL], axis=1
+        )
     keys = split_key(key, self.num_layers + 1)
     x_BxLxE = dropout(x_BxLxE, self.dropout_rate, keys[-1])
     mask = Mask(padding_BxL, causal=self.causal)
@@ -115,7 +152,35 @@ class Encoder(nnx.Module):
       for block, k in zip(self.blocks, keys):
         x_BxLxE, aux = block(x_BxLxE, mask, key=k)
         aux_loss = aux_loss + aux.get('loss', 0.0)
-    return self.ln_final(x_BxLxE), padding_BxL, {'aux_loss': aux_loss}
+    x_BxLxE = self.ln_final(x_BxLxE)
+    if self.num_extra:  # the ETC global tokens are not returned (#21)
+      x_BxLxE = x_BxLxE[:, self.num_extra :]
+      if padding_BxL is not None:
+        padding_BxL = padding_BxL[:, self.num_extra :]
+    return x_BxLxE, padding_BxL, {'aux_loss': aux_loss}
+
+
+def attention_for_model(cfg, causal):
+  """(cfg, extra tokens) for the attention core of cfg (issue #21).
+
+  cfg with the options its core class resolves from the model, when the
+  class has model_options(options, pooling=, causal=) (Longformer's
+  global_positions='auto': the CLS with CLS pooling, none with mean
+  pooling), as a copy (the caller's config is not changed); and how many
+  learned tokens the encoder prepends for it, from the class's
+  extra_tokens(options) (BigBird ETC's num_global_tokens), else 0.
+  """
+  cls = get_core_class(cfg.attention['name'])
+  options = dict(cfg.attention)
+  resolve = getattr(cls, 'model_options', None)
+  if resolve is not None:
+    resolved = resolve(options, pooling=cfg.pooling, causal=causal)
+    if resolved != options:
+      cfg = cfg.copy_and_resolve_references()
+      with cfg.unlocked():
+        cfg.attention = ml_collections.ConfigDict(resolved)
+  extra = getattr(cls, 'extra_tokens', None)
+  return cfg, (extra(options) if extra is not None else 0)
 
 
 def checked_bool(cfg, name):

@@ -262,6 +262,90 @@ class TransformerBlock(nnx.Module):
     return out_BxPxE[:, :length]
 
 
+class SSMBlock(nnx.Module):
+  """The block the S4 and S5 papers train on LRA (model.block=ssm): norm,
+  sequence mixing, dropout, residual, and no separate feed-forward (the
+  mixers end with their own GELU or GLU and output projection).
+
+    pre-norm  (model.prenorm=True):  x + dropout(mix(norm(x)))
+    post-norm (model.prenorm=False): norm(x + dropout(mix(x)))
+
+  model.norm: 'layer' (LayerNorm) or 'batch' (BatchNorm over the batch and
+  the real positions, padded ones masked out; running averages, momentum
+  0.9, at evaluation, i.e. when no key is given). Any registered core or
+  mixer can sit in it; the papers' are s4d and s5.
+  """
+
+  def __init__(self, cfg, *, max_length, dtype, rngs, layer_index=0):
+    e = cfg.emb_dim
+    self.norm_kind = cfg.get('norm', 'layer')
+    self.prenorm = cfg.get('prenorm', True)
+    if self.norm_kind not in ('layer', 'batch'):
+      raise UserError(
+        f'model.norm must be layer or batch, got {self.norm_kind!r}.'
+      )
+    if not isinstance(self.prenorm, bool):
+      raise UserError(
+        f'model.prenorm must be True or False, got {self.prenorm!r}.'
+      )
+    if self.norm_kind == 'batch':
+      self.norm = nnx.BatchNorm(e, momentum=0.9, dtype=dtype, rngs=rngs)
+    else:
+      self.norm = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
+    self.attn = sequence_mixing(
+      e,
+      cfg.qkv_dim,
+      cfg.num_heads,
+      cfg.attention,
+      max_length=max_length,
+      dropout_rate=cfg.attention_dropout_rate,
+      dtype=dtype,
+      rngs=rngs,
+      layer_index=layer_index,
+      positions=cfg.positions,
+    )
+    self.dropout_rate = cfg.dropout_rate
+
+  def normalise(self, x_BxLxE, mask, training):
+    if self.norm_kind == 'layer':
+      return self.norm(x_BxLxE)
+    real = mask.key_padding_BxM
+    return self.norm(
+      x_BxLxE,
+      use_running_average=not training,
+      mask=None if real is None else real[:, :, None],
+    )
+
+  def __call__(self, x_BxLxE, mask: Mask, *, key=None, memory=None, offset=0):
+    """-> (x, aux), as TransformerBlock."""
+    k_mix, k_drop = split_key(key, 2)
+    training = key is not None
+    h_BxLxE = (
+      self.normalise(x_BxLxE, mask, training) if self.prenorm else x_BxLxE
+    )
+    h_BxLxE, aux = self.attn(
+      h_BxLxE, mask, key=k_mix, memory=memory, offset=offset
+    )
+    x_BxLxE = x_BxLxE + dropout(h_BxLxE, self.dropout_rate, k_drop)
+    if not self.prenorm:
+      x_BxLxE = self.normalise(x_BxLxE, mask, training)
+    return x_BxLxE, aux
+
+
+BLOCKS = {'transformer': TransformerBlock, 'ssm': SSMBlock}
+
+
+def block_class(cfg):
+  """The block of model.block: 'transformer' (pre-LN attention + MLP) or
+  'ssm' (the S4/S5 papers' block), or one sentence."""
+  name = cfg.get('block', 'transformer')
+  if name not in BLOCKS:
+    raise UserError(
+      f'model.block must be one of {", ".join(BLOCKS)}, got {name!r}.'
+    )
+  return BLOCKS[name]
+
+
 def checked_ffn_chunks(cfg):
   """cfg.ffn_chunks, checked (1 when the config predates the option)."""
   n = getattr(cfg, 'ffn_chunks', 1)

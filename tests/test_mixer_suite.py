@@ -175,7 +175,10 @@ def smoke_config(name, **overrides):
 def test_trains_one_step_on_listops_smoke(name, listops_smoke):
   """A model around the mixer (the model name is the mixer's name) takes
   training steps on real ListOps batches: finite loss, parameters move."""
-  config = smoke_config(name, data_dir=listops_smoke)
+  # s5 in the S5 paper's block (model.block=ssm, batch norm): its running
+  # statistics move too; the others in the transformer block.
+  ssm = {'model.block': 'ssm', 'model.norm': 'batch'} if name == 's5' else {}
+  config = smoke_config(name, data_dir=listops_smoke, **ssm)
   task = tasks.get_task('listops')
   import train  # pylint: disable=g-import-not-at-top
 
@@ -194,6 +197,10 @@ def test_trains_one_step_on_listops_smoke(name, listops_smoke):
   assert np.isfinite(float(metrics['loss']))
   moved = [np.abs(a - b).max() for a, b in zip(before, floats(new_state))]
   assert max(moved) > 0
+  if ssm:
+    stats = nnx.state(nnx.merge(graphdef, new_state)[0], nnx.BatchStat)
+    means = [v for p, v in jax.tree.leaves_with_path(stats) if 'mean' in str(p)]
+    assert means and max(np.abs(np.asarray(m)).max() for m in means) > 0
 
 
 def step_memory(name, length):
