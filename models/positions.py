@@ -3,7 +3,8 @@
 `model.positions` names one scheme for the whole model (the list is in
 models/embeddings.py). The two below are applied in one place,
 MultiHeadAttention (models/layers.py), after the core is built; the cores
-themselves never see a position.
+themselves never compute a position (a recurrent core under 'pia' is
+handed its window's key positions to add, below).
 
 'pia': Press, Smith and Lewis, "Shortformer: Better Language Modeling using
 Shorter Inputs" (arXiv 2012.15832), position-infused attention:
@@ -11,17 +12,28 @@ Shorter Inputs" (arXiv 2012.15832), position-infused attention:
 with p the sinusoidal encoding of Vaswani et al. (`sinusoidal_LxE`, width
 E), added to the inputs of the query and key projections of every layer and
 never to the values or the residual stream, so no layer's output carries an
-absolute position. Positions are 0 .. L - 1 of the tokens passed to the
-call (the CLS, when prepended, is position 0): the segment-recurrent
-encoder (models/recurrent.py) calls attention once per segment, so they
-restart in every segment. A recurrent core's memory (`memory=`) holds keys
-and values as projected in their own segment, so under 'pia' (and
-'rotary') a cached key carries the position it had there. Shortformer
-itself caches the previous subsequence's layer inputs, which PIA keeps free
-of positions, and adds to the keys of [cache; current] the positions of
-that window (cache 0 .. c-1, current c .. c+L-1; ofirpress/shortformer,
-fairseq/modules/transformer_layer.py): the positions there restart per
-window, not per segment.
+absolute position. Without a memory, positions are 0 .. L - 1 of the
+tokens passed to the call (the CLS, when prepended, is position 0).
+
+Under segment recurrence (models/recurrent.py: a recurrent core called with
+`memory=`), the positions are those of Shortformer's cached window
+[memory; segment] (Shortformer caches the previous subsequence's layer
+inputs, which PIA keeps free of positions, and adds the window's positions
+to the queries and keys of [cache; current]): with M memory slots before
+the segment (the core's `context_length`; for the compressive core its
+compressed slots, then its memories), the memory's keys are at 0 .. M-1
+and the segment's queries and keys at M .. M+L-1. So a memory key and a
+current key of the same content and the same offset in their segments
+differ. Every segment has these positions, the first too (its memory is
+empty, all slots masked; Shortformer's first window, without a cache,
+starts at 0): one program for all segments. Our memory caches projected
+keys, not layer inputs; since W_k is linear (no bias), W_k (x_j + p_j) =
+W_k x_j + W_k p_j, so MultiHeadAttention passes the core position-free keys
+W_k x (what it caches, and what the compressive core compresses) plus
+`key_positions_KxHxD` = W_k p_j for the K = M + L window positions, which
+the core adds to the keys it attends to (`pia_window`): the scores of
+projecting [cache; current] + positions, for one more [K, E] x [E, H*D]
+projection per call.
 
 'rotary': Su et al., "RoFormer: Enhanced Transformer with Rotary Position
 Embedding" (arXiv 2104.09864), eq. (34): features are taken in pairs
@@ -67,6 +79,38 @@ def pia_inputs(x_BxLxE, offset=0):
   # A trace-time constant (as the embedding's): derivable, not saved.
   pos_LxE = jnp.asarray(sinusoidal_LxE(length, width, offset))
   return x_BxLxE + pos_LxE.astype(x_BxLxE.dtype)
+
+
+def pia_window(attention, x_BxLxE, memory):
+  """(query input x + p_(M .. M+L-1), the core's key_positions [M + L, H,
+  D] = W_k p_j for j = 0 .. M+L-1): pia over the window [memory; segment]
+  of a recurrent core's call; `attention` the MultiHeadAttention, M the
+  core's memory slots before the segment."""
+  if attention.key is None:  # no recurrent core shares q and k
+    raise ValueError('pia over a memory needs separate q and k projections')
+  m = attention.core.context_length(memory)
+  length, width = x_BxLxE.shape[1], x_BxLxE.shape[2]
+  # A trace-time constant (as the embedding's): derivable, not saved.
+  pos_KxE = jnp.asarray(sinusoidal_LxE(m + length, width)).astype(x_BxLxE.dtype)
+  k_pos_KxHxD = attention.key(pos_KxE).reshape(
+    m + length, attention.num_heads, attention.head_dim
+  )
+  return x_BxLxE + pos_KxE[m:], k_pos_KxHxD
+
+
+def pia_qk_inputs(attention, x_BxLxE, memory):
+  """(query input, key input, extra core arguments) of MultiHeadAttention
+  `attention` under its positions: x, x, {} unless 'pia'; under 'pia'
+  without memory x + p_(0 .. L-1) for both; with memory (a recurrent core)
+  the window's (`pia_window`): the keys position-free, their positions
+  passed to the core as key_positions_KxHxD."""
+  if attention.positions != 'pia':
+    return x_BxLxE, x_BxLxE, {}
+  if memory is None:
+    qk_BxLxE = pia_inputs(x_BxLxE)
+    return qk_BxLxE, qk_BxLxE, {}
+  q_BxLxE, k_pos_KxHxD = pia_window(attention, x_BxLxE, memory)
+  return q_BxLxE, x_BxLxE, {'key_positions_KxHxD': k_pos_KxHxD}
 
 
 def rotary_angles_LxP(length, head_dim, offset=0):

@@ -38,8 +38,9 @@ input; 'relative' is the cores' own (offsets within [memory; segment]);
 'rotary' is applied by MultiHeadAttention at the tokens' positions in the
 whole input (segment t starts at t s), so a cached key keeps the rotation
 of its true position and q.k scores see true offsets across segments;
-'pia' restarts at 0 in every segment (Shortformer's per-window positions;
-cached keys keep their segment's).
+'pia' is over Shortformer's window [memory; segment] (models/positions.py):
+in every segment the M memory slots' keys at 0 .. M-1, the segment's
+queries and keys at M .. M+L-1 (the memory caches position-free keys).
 
 model.segment_remat wraps a segment's blocks in jax.checkpoint: the
 backward pass recomputes them from the segment's input and memory, so the

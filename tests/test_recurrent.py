@@ -292,6 +292,111 @@ def test_rotary_recurrence_sees_true_offsets_across_segments():
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def pia_block(model='transformer_xl', seed=1, **options):
+  """A TransformerBlock under 'pia' positions (no relative positions), its
+  core's options changed by `options`."""
+  changes = {f'model.attention.{k}': v for k, v in options.items()}
+  cfg = smoke_config(model, **{'model.positions': 'pia', **changes}).model
+  return TransformerBlock(
+    cfg, max_length=C, dtype=jnp.float32, rngs=nnx.Rngs(seed), layer_index=0
+  )
+
+
+@pytest.mark.parametrize('positions', ['pia', 'none'])
+def test_pia_memory_key_differs_from_current_key_of_same_content(
+  positions, monkeypatch
+):
+  """Two identical segments: under pia over the window [memory; segment] a
+  memory key and a current key with the same content and in-segment offset
+  get different scores (the memory at positions 0 .. C-1, the segment at
+  C .. 2C-1); without positions they get the same (the check can fail)."""
+  import models.attention.transformer_xl as xl_module
+
+  seen, softmax = [], xl_module.masked_softmax
+
+  def record(logits, allowed):  # the core's logits, as it attends
+    seen.append(np.asarray(logits))
+    return softmax(logits, allowed)
+
+  monkeypatch.setattr(xl_module, 'masked_softmax', record)
+  cfg = smoke_config(**{'model.positions': positions}).model
+  blk = TransformerBlock(
+    cfg, max_length=C, dtype=jnp.float32, rngs=nnx.Rngs(1), layer_index=0
+  )
+  h = jax.random.normal(jax.random.key(3), (B, C, 16))
+  mask = Mask(jnp.ones((B, C), bool), False)
+  memory = blk.attn.core.initial_memory(B, C, jnp.float32)
+  _, aux = blk.attn(h, mask, memory=memory)
+  blk.attn(h, mask, memory=aux['memory'])
+  logits_BxHxCx2C = seen[-1]
+  assert logits_BxHxCx2C.shape == (B, H, C, 2 * C)
+  gap = np.abs(logits_BxHxCx2C[..., :C] - logits_BxHxCx2C[..., C:])
+  if positions == 'none':
+    np.testing.assert_allclose(gap, 0.0, atol=1e-5)
+  else:  # every (query, offset) pair
+    assert gap.min() > 1e-4, gap.min()
+
+
+def test_pia_recurrence_equals_shortformer_window_oracle():
+  """XL (memory = segment) under pia over three segments, padding inside a
+  segment and a fully padded one, equals a float64 oracle of Shortformer's
+  cached window: for segment t, the window [x_(t-1); x_t] (zeros and all
+  masked before the first) at positions 0 .. 2C-1 added to the inputs of the
+  key projection and, for the last C, of the query projection, values
+  position-free."""
+  blk = pia_block()
+  a = blk.attn
+  x = jax.random.normal(jax.random.key(4), (B, 3 * C, 16))
+  pad = jnp.concatenate(
+    [padding((C, C), C), padding((C, 2), C), padding((C, 0), C)], 1
+  )
+  w = {n: np.float64(getattr(a, n).kernel[...]) for n in ('query', 'key')}
+  w_v, w_o = np.float64(a.value.kernel[...]), np.float64(a.out.kernel[...])
+  pos_2CxE = sinusoid(np.arange(2 * C), 16)
+  memory = a.core.initial_memory(B, C, jnp.float32)
+  h_prev, valid_prev = np.zeros((B, C, 16)), np.zeros((B, C), bool)
+  for t in range(3):
+    h = blk.ln_attn(x[:, t * C : (t + 1) * C])
+    pad_t = pad[:, t * C : (t + 1) * C]
+    out, aux = a(h, Mask(pad_t, False), memory=memory)
+    memory = aux['memory']
+    win = np.concatenate([h_prev, np.float64(h)], 1)
+    q = ((win[:, C:] + pos_2CxE[C:]) @ w['query']).reshape(B, C, H, D)
+    k = ((win + pos_2CxE) @ w['key']).reshape(B, 2 * C, H, D)
+    v = (win @ w_v).reshape(B, 2 * C, H, D)
+    allowed = np.concatenate([valid_prev, np.asarray(pad_t)], 1)
+    logits = np.einsum('blhd,bkhd->bhlk', q, k) / np.sqrt(D)
+    logits = np.where(allowed[:, None, None], logits, -np.inf)
+    top = logits.max(-1, keepdims=True)
+    e = np.exp(logits - np.where(np.isfinite(top), top, 0))
+    e = np.where(allowed[:, None, None], e, 0)
+    e = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+    o = np.einsum('bhlk,bkhd->blhd', e, v).reshape(B, C, -1) @ w_o
+    np.testing.assert_allclose(np.asarray(out), o, atol=1e-5, err_msg=str(t))
+    h_prev, valid_prev = np.float64(h), np.asarray(pad_t)
+
+
+def test_pia_compressive_at_rate_1_equals_xl_with_the_combined_memory():
+  """Under pia, compressed slots take window positions too: compressive
+  (compressed 6 + memory 4, rate 1, mean_pool) = XL with memory 10, both
+  at positions 0 .. 9 for the memory and 10 .. 15 for the segment, over
+  four segments (padding in some)."""
+  xl = pia_block(memory_length=10)
+  comp = pia_block(
+    'compressive_transformer',
+    memory_length=4,
+    compressed_length=6,
+    compression_rate=1,
+    compression='mean_pool',
+  )
+  nnx.update(comp, nnx.state(xl, nnx.Param))
+  x = jax.random.normal(jax.random.key(5), (B, 4 * C, 16))
+  pad = jnp.concatenate([padding((C, C), C), padding((C, 3), C)] * 2, 1)
+  want = recurrence([xl], x, pad)[0]
+  got = recurrence([comp], x, pad)[0]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
 def test_memory_is_a_stop_gradient(xl_blocks):
   """The second segment depends on the first through the memory, but no
   gradient reaches the first segment's inputs."""
@@ -377,6 +482,66 @@ def test_reconstruction_loss_is_positive_and_trains_only_the_compression(
     name = jax.tree_util.keystr(path)
     moved = np.abs(np.asarray(g)).sum() > 0
     assert moved == ('conv_k' in name or 'conv_v' in name), name
+
+
+def pooled_oracle(x_BxOxHxD, valid_BxO, rate, how, kernel=None):
+  """float64 f_c per group of `rate` slots over its valid slots only:
+  (pooled [B, N, H, D], valid [B, N]); conv1d: rate / r * sum_j W_j x_j
+  over the r valid slots j of the group."""
+  x, valid = np.float64(x_BxOxHxD), np.asarray(valid_BxO)
+  b, o, h, d = x.shape
+  n = -(-o // rate)
+  out, ok = np.zeros((b, n, h, d)), np.zeros((b, n), bool)
+  for i in range(b):
+    for g in range(n):
+      slots = [
+        j for j in range(g * rate, min(o, (g + 1) * rate)) if valid[i, j]
+      ]
+      if not slots:
+        continue
+      ok[i, g] = True
+      xs = x[i, slots]
+      if how == 'mean_pool':
+        out[i, g] = xs.mean(0)
+      elif how == 'max_pool':
+        out[i, g] = xs.max(0)
+      else:
+        taps = [np.float64(kernel[j - g * rate]) for j in slots]
+        y = sum(xj.reshape(-1) @ wj for xj, wj in zip(xs, taps))
+        out[i, g] = (rate / len(slots) * y).reshape(h, d)
+  return out, ok
+
+
+@pytest.mark.parametrize('compression', ['max_pool', 'mean_pool', 'conv1d'])
+def test_partly_padded_groups_pool_over_their_valid_slots(compression):
+  """Rate 3 over 7 evicted slots (groups of 3, 3 and a tail of 1): the first
+  example's groups have 3, 3 and 1 valid slots, the second's 1, 2 and 0.
+  Each group's result is over its valid slots only (conv1d rescaled by
+  c / r), against a float64 oracle; conv1d with a random kernel, and at its
+  initialisation the mean of the valid slots, as mean_pool."""
+  comp = core(
+    'compressive_transformer', compression_rate=3, compression=compression
+  )
+  ks = jax.random.split(jax.random.key(40), 4)
+  k = jax.random.normal(ks[0], (B, 7, H, D))
+  v = jax.random.normal(ks[1], (B, 7, H, D))
+  valid = jnp.array([[1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 1, 0, 1, 0]], bool)
+  if compression == 'conv1d':  # at init: the mean over the valid slots
+    for got, x in zip(comp.compress(k, v, valid)[:2], (k, v)):
+      want, _ = pooled_oracle(x, valid, 3, 'mean_pool')
+      np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    comp.conv_k[...] = 0.3 * jax.random.normal(ks[2], comp.conv_k[...].shape)
+    comp.conv_v[...] = 0.3 * jax.random.normal(ks[3], comp.conv_v[...].shape)
+  got_k, got_v, got_valid = comp.compress(k, v, valid)
+  for got, x, kernel in (
+    (got_k, k, getattr(comp, 'conv_k', None)),
+    (got_v, v, getattr(comp, 'conv_v', None)),
+  ):
+    kernel = None if kernel is None else np.asarray(kernel[...])
+    want, want_valid = pooled_oracle(x, valid, 3, compression, kernel)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(got_valid), want_valid)
+  np.testing.assert_array_equal(got_valid, [[1, 1, 1], [1, 1, 0]])
 
 
 def test_aux_loss_reaches_the_training_loss_with_its_weight():

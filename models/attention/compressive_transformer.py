@@ -20,7 +20,11 @@ consecutive slots (padding never enters a group's result):
   'max_pool', 'mean_pool'  over the group's valid slots;
   'conv1d'   (default) a learned kernel of width and stride c over the
              H * D features, one for keys and one for values, initialised
-             to the mean (each tap the identity / c);
+             to the mean (each tap the identity / c); a group of r < c
+             valid slots (padding, or the tail of the evicted slots) is
+             scaled by c / r, so it is the mean of its valid slots at the
+             initialisation (the renormalisation of Liu et al.'s partial
+             convolutions, arXiv 1804.07723: W^T (x * mask) c / r);
   'most_used' the ceil(s / c) evicted slots that received the most attention
              (summed over the heads and the segment's queries) in the
              segment that evicts them, kept in their order.
@@ -224,9 +228,16 @@ class CompressiveTransformerAttention(TransformerXLAttention):
         y = jnp.where(valid_BxN[..., None, None], y, 0)
       else:  # conv1d: width and stride c over the H * D features
         x_BxNxCxF = jnp.where(real, x_BxNxCxHxD, 0).reshape(b, n, c, h * d)
-        y = jnp.einsum(
-          'bncf,cfg->bng', x_BxNxCxF, kernel[...].astype(x_BxNxCxF.dtype)
-        ).reshape(b, n, h, d)
+        y_BxNxF = jnp.einsum(
+          'bncf,cfg->bng',
+          x_BxNxCxF,
+          kernel[...].astype(x_BxNxCxF.dtype),
+          preferred_element_type=jnp.float32,
+        )
+        # Over the group's valid slots only: c / r for r of them (an empty
+        # group stays 0 and invalid).
+        count_BxNx1 = jnp.maximum(jnp.sum(valid_BxNxC, axis=2), 1)[..., None]
+        y = (y_BxNxF * (c / count_BxNx1)).reshape(b, n, h, d)
       out.append(y.astype(x_BxOxHxD.dtype))
     return out[0], out[1], valid_BxN
 

@@ -37,8 +37,13 @@ current weights for every example; the backward pass differs in that W_k
 and W_v get no gradient through the memory (the paper's stop-gradient is on
 the hidden states, so they do). Under 'rotary' positions
 MultiHeadAttention rotates q and k at their positions in the whole input, so
-cached keys keep their true positions; under 'pia' the positions restart in
-every segment (cached keys keep those of their own segment).
+cached keys keep their true positions. Under 'pia' the positions are those
+of Shortformer's cached window (models/positions.py, pia_window): the core
+is passed position-free keys, which it caches, and `key_positions_KxHxD`,
+W_k p_j for every attended position j = 0 .. K-1 (memory slots 0 .. M-1,
+the segment M .. K-1), added to the keys it attends to, never to the
+memory; the queries come at M .. K-1. A memory key and a current key of the
+same content and in-segment offset then get different scores.
 """
 
 import jax
@@ -137,15 +142,32 @@ class TransformerXLAttention(AttentionCore):
       'valid_BxM': jnp.zeros((batch, m), bool),
     }
 
+  def context_length(self, memory):
+    """M: the number of memory slots attended before the segment (all of
+    `context`'s; 0 without memory)."""
+    return sum(x.shape[1] for x in self.context(memory)[2])
+
   def __call__(
-    self, q_BxLxHxD, k_BxLxHxD, v_BxLxHxD, mask, *, rngs=None, memory=None
+    self,
+    q_BxLxHxD,
+    k_BxLxHxD,
+    v_BxLxHxD,
+    mask,
+    *,
+    rngs=None,
+    memory=None,
+    key_positions_KxHxD=None,
   ):
+    """key_positions_KxHxD: added to the K = M + L attended keys only (pia's
+    window, models/positions.py); the memory keeps the keys as passed."""
     valid_BxL = key_valid_BxM(mask, q_BxLxHxD.shape[0], k_BxLxHxD.shape[1])
     keys, values, valid = self.context(memory)
     keys.append(k_BxLxHxD)
     values.append(v_BxLxHxD)
     valid.append(valid_BxL)
     k_BxKxHxD = jnp.concatenate(keys, axis=1)
+    if key_positions_KxHxD is not None:
+      k_BxKxHxD = k_BxKxHxD + key_positions_KxHxD[None].astype(k_BxKxHxD.dtype)
     v_BxKxHxD = jnp.concatenate(values, axis=1)
     valid_BxK = jnp.concatenate(valid, axis=1)
     logits_BxHxLxK, allowed = memory_attention(
