@@ -8,6 +8,13 @@ python eval.py --workdir DIR --max_length N
     the same at another input length (_len<N> added to the file name): a
     learned position table is extended by copying its trained rows
     (Longformer); models.embeddings.extend_positions_LxE.
+python eval.py --workdir DIR --config.model.attention.<option>=<value> ...
+    the same with other options of the run's attention core (e.g. Reformer's
+    num_hashes=8): only options that keep the trained parameters' shapes
+    (checked by building both models abstractly, nnx.eval_shape; one that
+    changes them is refused with one sentence naming it). The file gets
+    the changed options in its name and records them ('eval_options', and
+    their 'trained_options').
 python eval.py --table RUNS_DIR
     the LRA accuracy table (Markdown) of every results.json below RUNS_DIR,
     beside the paper's numbers: one row per effective config (runs that
@@ -30,15 +37,26 @@ python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
 
 import json
 import os
+import re
 
 from absl import app, flags
 import ml_collections
 
-from lra import cli, curves, runtime, steps, tasks, validate
+from lra import (
+  cli,
+  curves,
+  processes,
+  rundir,
+  runtime,
+  steps,
+  tasks,
+  validate,
+)
+from lra.bench_report import bubble_chart
 from lra.checkpoints import CheckpointError, Checkpoints
 from lra.errors import UserError
 from lra.metrics import write_json
-from lra.report import bubble_chart, tables
+from lra.report import tables
 import train
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
@@ -81,20 +99,111 @@ _PLOT_DIR = flags.DEFINE_string(
 cli.define_process_flags()
 
 
-def load_config(workdir):
+def load_config(workdir, data_dir=None):
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise UserError(
       f'{path} does not exist; give the --workdir of a run started by train.py.'
     )
-  with open(path) as f:
-    saved = json.load(f)
-  saved.pop(runtime.CHANGES_KEY, None)
+  saved = rundir.read_config(workdir)
+  if saved is None:
+    raise UserError(
+      f'{path} is not a readable config (not a JSON object); give the '
+      '--workdir of a run started by train.py.'
+    )
+  saved = rundir.without_changes(saved)
   config = ml_collections.ConfigDict(saved)
-  if _DATA_DIR.value:
-    validate.check_dir(_DATA_DIR.value, '--data_dir', writable=False)
-    config.data_dir = _DATA_DIR.value
+  if data_dir:
+    validate.check_dir(data_dir, '--data_dir', writable=False)
+    config.data_dir = data_dir
   return config
+
+
+def _with_attention(saved, block):
+  """A ConfigDict of the `saved` config dict with model.attention = block."""
+  from configs import models  # pylint: disable=g-import-not-at-top
+
+  config = ml_collections.ConfigDict(saved)
+  config.model.attention = models.attention_block(block)
+  return config
+
+
+def _shapes(config, task):
+  """{state path: (shape, dtype)} of the model `config` builds, abstractly
+  (nnx.eval_shape: nothing is allocated or computed)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from models.classifier import build_model  # pylint: disable=g-import-not-at-top
+
+  model = nnx.eval_shape(lambda: build_model(config, task))
+  leaves = jax.tree_util.tree_leaves_with_path(nnx.state(model))
+  return {
+    jax.tree_util.keystr(p): (tuple(x.shape), str(x.dtype)) for p, x in leaves
+  }
+
+
+def _shape_change(before, after):
+  """'path: (4, 8) -> (4, 16)' of the first state entry that differs."""
+  for key in sorted(set(before) | set(after)):
+    if before.get(key) != after.get(key):
+      old, new = (
+        'absent' if v is None else str(v[0])
+        for v in (before.get(key), after.get(key))
+      )
+      return f'{key}: {old} -> {new}'
+  return None
+
+
+def with_eval_options(config, task, overrides):
+  """(config with the `overrides` applied, {option: (trained value, value
+  now)} of the options they change): --config.model.attention.<option>=
+  <value> strings, parsed as train.py parses them. UserError when one
+  changes the shapes of the trained state (the checkpoint would not fit):
+  the sentence names the option."""
+  from configs import models  # pylint: disable=g-import-not-at-top
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  saved = json.loads(config.to_json())
+  trained = models.attention_block(saved['model']['attention']).to_dict()
+  config = cli.override_config(_with_attention(saved, trained), overrides)
+  now = config.model.attention.to_dict()
+  changed = {k: (trained[k], v) for k, v in now.items() if trained[k] != v}
+  if not changed:
+    return config, changed
+  before = _shapes(_with_attention(saved, trained), task)
+  after = _shapes(config, task)
+  if before == after:
+    return config, changed
+  culprits = []
+  for key, (_, value) in changed.items():
+    single = _with_attention(saved, {**trained, key: value})
+    change = _shape_change(before, _shapes(single, task))
+    if change:
+      culprits = [(key, value, change)]
+      break
+  if not culprits:  # only together
+    change = _shape_change(before, after)
+    culprits = [(k, v, change) for k, (_, v) in changed.items()]
+  flags_text = ' '.join(
+    f'--config.model.attention.{k}={registry.shown(v)}' for k, v, _ in culprits
+  )
+  raise UserError(
+    f'{flags_text} changes the shapes of the trained parameters '
+    f'({culprits[0][2]}), so the checkpoint cannot be evaluated with it; '
+    'change only options that keep them, or train a run with it.'
+  )
+
+
+def options_suffix(changed):
+  """'_num_hashes8' for {'num_hashes': (1, 8)}: the eval file's name part."""
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  parts = [
+    re.sub(r'[^A-Za-z0-9._]+', '-', f'{k}{registry.shown(v)}').strip('-')
+    for k, (_, v) in sorted(changed.items())
+  ]
+  return ''.join(f'_{p}' for p in parts)
 
 
 def output_name(split, which, step, step_given):
@@ -106,15 +215,26 @@ def output_name(split, which, step, step_given):
 
 
 def evaluate_checkpoint(
-  workdir, split, step=None, which='best', max_length=None
+  workdir,
+  split,
+  step=None,
+  which='best',
+  max_length=None,
+  data_dir=None,
+  options=(),
 ):
-  config = load_config(workdir)
+  """Evaluates one checkpoint; options: --config.model.attention.*
+  overrides (with_eval_options)."""
+  config = load_config(workdir, data_dir)
   if max_length is not None and max_length < 1:
     raise UserError(
       f'--max_length={max_length} is out of range: it must be an integer '
       f'>= 1, e.g. --max_length={config.max_length}.'
     )
   task = tasks.get_task(config.task)
+  changed = {}
+  if options:
+    config, changed = with_eval_options(config, task, options)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = train.create_state(config, task, replicated)
   step_given = step is not None
@@ -159,7 +279,13 @@ def evaluate_checkpoint(
   if max_length:
     result['max_length'] = max_length
     result['file'] = result['file'][: -len('.json')] + f'_len{max_length}.json'
-  if runtime.is_primary():
+  if changed:
+    result['eval_options'] = {k: v for k, (_, v) in changed.items()}
+    result['trained_options'] = {k: v for k, (v, _) in changed.items()}
+    result['file'] = result['file'][: -len('.json')] + (
+      f'{options_suffix(changed)}.json'
+    )
+  if processes.is_primary():
     write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
   return result
@@ -169,6 +295,11 @@ def main(argv):
   del argv
   train.quiet_logs()
   try:
+    if _OVERRIDES and not _WORKDIR.value:
+      raise UserError(
+        f'{_OVERRIDES[0].split("=", 1)[0]} needs --workdir DIR, the run to '
+        'evaluate with it.'
+      )
     if _PLOT.value:
       written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
       print('wrote ' + ', '.join(written))
@@ -188,8 +319,10 @@ def main(argv):
         _STEP.value,
         _WHICH.value,
         _MAX_LENGTH.value,
+        _DATA_DIR.value,
+        _OVERRIDES,
       )
-      if runtime.is_primary():
+      if processes.is_primary():
         lm = 'token_accuracy' in r  # an LM objective (lra/objectives.py)
         score = (
           f'token accuracy {r["token_accuracy"]:.4f}'
@@ -211,5 +344,17 @@ def main(argv):
     cli.exit_with_error(e)
 
 
+# The --config.model.attention.* flags, kept apart by parse_flags.
+_OVERRIDES = []
+
+
+def parse_flags(argv):
+  """cli.parse_flags, with the --config.* overrides set aside for
+  evaluate_checkpoint (the config is the run's config.json)."""
+  rest, overrides = cli.split_overrides(argv)
+  _OVERRIDES[:] = overrides
+  return cli.parse_flags(rest)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=parse_flags)

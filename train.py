@@ -40,6 +40,7 @@ from flax import nnx
 import jax
 from ml_collections import config_flags
 
+from configs import base as base_config
 from lra import (
   batching,
   cli,
@@ -47,6 +48,7 @@ from lra import (
   objectives,
   pretrained,
   processes,
+  rundir,
   runtime,
   steps,
   tasks,
@@ -54,7 +56,7 @@ from lra import (
 )
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
-from lra.metrics import MetricsLog, TensorBoard, selection, write_json
+from lra.metrics import MetricsLog, TensorBoard, selection
 from lra.progress import NonFiniteLoss, Progress
 from models.classifier import build_model
 from models.embeddings import fit_for_fine_tune
@@ -183,7 +185,7 @@ def restore_or_init(config, workdir, state, changes):
   checkpoint of `workdir`, or step 0 with config.init_from's encoder (a
   fresh run reads init_from before the workdir exists, so a bad one is one
   sentence and nothing is created; a resumed run has its own parameters).
-  `changes` (runtime.check_resume) stand only when the run resumes."""
+  `changes` (rundir.check_resume) stand only when the run resumes."""
   resuming = any(saved_steps(workdir).values())
   init_step = None
   if not resuming:
@@ -208,7 +210,7 @@ def open_log(config, workdir, start, init_step, changes):
   primary = processes.is_primary()
   say = print if primary else (lambda *a, **k: None)
   if primary:
-    runtime.write_config(config, workdir, bool(start), changes, start)
+    rundir.write_config(config, workdir, bool(start), changes, start)
   if start:
     say(f'Resuming {workdir} from step {start}.')
   log = MetricsLog(workdir, resume_step=start or None, primary=primary)
@@ -309,7 +311,7 @@ def train_and_evaluate(config, workdir, on_step=None):
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
-  changes = runtime.check_resume(config, workdir)
+  changes = rundir.check_resume(config, workdir, base_config.get_base_config())
   stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
   train_step = steps.make_train_step(graphdef)
@@ -453,7 +455,7 @@ def finish(config, workdir, task, log, select, best, tested):
   if lm:  # no accuracy to report: best is the lowest validation loss
     del results['select']
   if processes.is_primary():
-    write_json(os.path.join(workdir, 'results.json'), results)
+    rundir.write_results(workdir, results)
     print(summary(config, best, test, last_step, test_last, select))
     print(where_results(workdir, log.tensorboard is not None))
   log.close()

@@ -10,9 +10,9 @@ model.qkv_dim, max_length >= 1 (at most the pixels of an image for the
 pixel tasks); a bad value stops with one sentence naming the flag and a
 valid value.
 Resuming a workdir keeps its config, except the run-length and bookkeeping
-fields (lra.runtime.RESUMABLE_CHANGES) and the optimiser settings
+fields (lra.rundir.RESUMABLE_CHANGES) and the optimiser settings
 (learning_rate, schedule, warmup_steps, weight_decay, adam_*,
-grad_clip_norm; lra.runtime.OPTIMISER_CHANGES), which may change from the
+grad_clip_norm; lra.rundir.OPTIMISER_CHANGES), which may change from the
 resumed step on: the change is recorded in config.json ('resume_changes')
 and metrics.jsonl (a row of split 'config'). This is how the advice after a
 non-finite loss is followed: the same command with a lower learning rate or

@@ -12,11 +12,22 @@ The paper's Table 2 ran batch 32 split over 16 TPU v3 chips (4 x 4, about 2
 examples per chip) and gave memory per chip; benchmark.md and the plots'
 titles say so beside this run's machine, preset and batch, since only the
 ratios to the transformer compare across the two.
+
+LRA's Figure 3 (bubble_chart: accuracy against speed, circle area = peak
+memory) joins this benchmark with the trained runs' accuracy table, read by
+lra/report.py (this module imports it; it never imports this one).
 """
 
+from __future__ import annotations
+
+import json
 import os
 
-from lra.report import paper
+import numpy as np
+
+from lra import report
+from lra.errors import UserError
+from lra.paper import TASK_COLUMNS, lra_average, paper
 
 # The model name of benchmark.py --ceiling's row.
 CEILING = 'ceiling'
@@ -290,3 +301,113 @@ def write_report(rows, out, seconds=None, load=None):
     'peak memory (GB, XLA memory analysis)',
     os.path.join(out, 'memory.png'),
   )
+
+
+# ------------------------------------------------- the bubble chart
+def read_benchmark(bench_dir: str) -> list[dict]:
+  """The rows of bench_dir/benchmark.json, written by benchmark.py."""
+  path = os.path.join(bench_dir, 'benchmark.json')
+  if not os.path.exists(path):
+    raise UserError(
+      f'No benchmark.json in {bench_dir}; run `python benchmark.py --out '
+      f'{bench_dir}` first.'
+    )
+  with open(path) as f:
+    return json.load(f)
+
+
+def bubble_points(runs_dir: str, bench_dir: str) -> tuple:
+  """The bubble chart's data: configs trained whose model was benchmarked.
+
+  One point per row of the accuracy table (an effective config, labelled as
+  there), at its model's speed and memory. Accuracy is the LRA average when
+  every such row has the five tasks; otherwise the mean over the tasks they
+  all have; otherwise each row's mean over its own tasks. Speed is steps/s
+  at the longest length at which 'transformer' ran, relative to it (without
+  a transformer row: absolute, at the longest length measured).
+
+  Returns:
+    (points, length, relative, accuracy_label); points are (row label,
+    accuracy %, speed, peak memory bytes, tasks).
+  """
+  groups = report.group_runs(report.read_runs(runs_dir))
+  rows = [r for r in read_benchmark(bench_dir) if r['status'] == 'ok']
+  base = {r['length']: r for r in rows if r['model'] == 'transformer'}
+  lengths = set(base) or {r['length'] for r in rows}
+  if not lengths:
+    raise UserError(
+      f'{bench_dir}/benchmark.json has no successful cell; rerun benchmark.py.'
+    )
+  length = max(lengths)
+  relative = length in base
+  measured = {r['model']: r for r in rows if r['length'] == length}
+  scores, model_of = {}, {}
+  for g in groups:
+    if g['model'] in measured:
+      scores.setdefault(g['label'], {})[g['task']] = g['accuracy']
+      model_of[g['label']] = g['model']
+  if not scores:
+    raise UserError(
+      f'No model is both in the runs below {runs_dir} and measured at '
+      f'{length} in {bench_dir}; benchmark the models you trained.'
+    )
+  common = set.intersection(*(set(s) for s in scores.values()))
+  if all(lra_average(s) is not None for s in scores.values()):
+    label, tasks = 'LRA average test accuracy (%)', TASK_COLUMNS[:5]
+  elif common:
+    tasks = [t for t in TASK_COLUMNS if t in common]
+    label = f'test accuracy (%), mean over {", ".join(tasks)}'
+  else:
+    label, tasks = "test accuracy (%), mean over each model's tasks", None
+  points = []
+  for name, own in scores.items():
+    r = measured[model_of[name]]
+    used = sorted(own) if tasks is None else tasks
+    speed = r['steps_per_sec']
+    if relative:
+      speed /= base[length]['steps_per_sec']
+    accuracy = float(np.mean([own[t] for t in used]))
+    points.append((name, accuracy, speed, r['peak_memory_bytes'], tuple(used)))
+  return points, length, relative, label
+
+
+def bubble_chart(runs_dir: str, bench_dir: str) -> str:
+  """LRA's Figure 3: accuracy against speed, circle area = peak memory.
+
+  One circle per row of the accuracy table (its label, e.g. `transformer
+  [small]`) from the results.json files below runs_dir and
+  bench_dir/benchmark.json (see bubble_points); the title gives the
+  benchmark's machine, preset and batch. Writes and returns
+  bench_dir/lra_bubble.png.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  points, length, relative, label = bubble_points(runs_dir, bench_dir)
+  largest = max(p[3] for p in points)
+  own_tasks = len({p[4] for p in points}) > 1
+  fig, ax = plt.subplots(figsize=(7, 5))
+  for model, accuracy, speed, memory, tasks in points:
+    ax.scatter(speed, accuracy, s=2500 * memory / largest, alpha=0.45)
+    name = f'{model} ({", ".join(tasks)})' if own_tasks else model
+    ax.annotate(name, (speed, accuracy), ha='center', va='center', fontsize=8)
+  ax.margins(0.25)
+  ax.set_xlabel(
+    f'speed at length {length}: steps/s '
+    + ('relative to transformer' if relative else '(absolute)')
+  )
+  ax.set_ylabel(label)
+  ax.set_title(
+    f'circle area = peak memory at {length} (XLA memory analysis); '
+    f'largest {largest / 1e9:.3g} GB\n'
+    f'{setup(read_benchmark(bench_dir)[0])}',
+    fontsize=9,
+  )
+  ax.grid(True, alpha=0.3)
+  fig.tight_layout()
+  path = os.path.join(bench_dir, 'lra_bubble.png')
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

@@ -1,11 +1,15 @@
 """The LRA accuracy table (Table 1) of our runs beside the paper's.
 
 Runs are grouped by their effective config, never by model name alone. A
-run's row label is its model, then in brackets its preset and every config
-value that differs from the config its task file, model and preset give
-today (`configs/<task>.py:<model>[,<preset>]`), e.g.
+run's row label is its model; then in parentheses the attention options it
+changed from its model's defaults (results.json `attention_options`, written
+by train.py; absent in older runs), e.g. `reformer (num_hashes=8)`; then in
+brackets its preset and every other config value that differs from the
+config its task file, model and preset give today
+(`configs/<task>.py:<model>[,<preset>]`), e.g.
 `transformer [small, num_layers=1, max_length=64]` (`model.` is dropped
-from the keys). Runs whose labels, model selection and data source agree
+from the keys). Runs of one (task, model) with different attention options
+are separate rows. Runs whose labels, model selection and data source agree
 differ only in the fields below and are averaged (mean, population std,
 count n):
 
@@ -21,9 +25,11 @@ field the run's config.json lacks (added to the code later) is no
 difference.
 
 Each run reports one test accuracy, chosen by its model selection
-(results.json `select`, lra/metrics.py): the best-validation checkpoint's
-(`test`) or the final step's (`test_last`, marked ‡). Rows whose data were
-generated here rather than read from the release files are marked †.
+(results.json `select`; without it lra/metrics.py `selection` of its
+config.json: the rule of lra/rundir.py selection_of): the best-validation
+checkpoint's (`test`) or the final step's (`test_last`, marked ‡). Rows
+whose data were generated here rather than read from the release files are
+marked †.
 
 A fine-tune (config init_from, lra/pretrained.py) shows the run it started
 from by that run's preset and differences, `init_from=(small, spt)` (with
@@ -31,7 +37,12 @@ its model first when it is another), not by its folder: fine-tunes of the
 same recipe share a row across tasks. Runs of an LM objective (causal_lm,
 masked_lm: pretraining) have no accuracy: `tables` lists them apart with
 their losses (pretraining_table).
+
+The paper's numbers are lra/paper.py's; the benchmark's bubble chart, which
+reads these runs, is lra/bench_report.py's (this module does not import it).
 """
+
+from __future__ import annotations
 
 import functools
 import glob
@@ -41,11 +52,11 @@ import os
 
 import numpy as np
 
+from lra import rundir
 from lra.errors import UserError
-from lra.metrics import SELECTED_KEY, flatten, selection
+from lra.metrics import flatten
+from lra.paper import TASK_COLUMNS, lra_average, paper, paper_value
 
-TASK_COLUMNS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
-_PAPER = os.path.join(os.path.dirname(__file__), 'reference', 'lra_paper.json')
 # Averaged over (seed) or bookkeeping: never label a row (see above).
 IGNORED = (
   'seed',
@@ -58,11 +69,6 @@ IGNORED = (
 # The row's identity, shown apart.
 IDENTITY = ('task', 'model_name', 'preset')
 GENERATED_MARK, LAST_MARK = '†', '‡'
-
-
-def paper():
-  with open(_PAPER) as f:
-    return json.load(f)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,15 +93,24 @@ def _value(v):
   return f'{v:g}' if isinstance(v, float) else str(v)
 
 
-def config_differences(config, reference):
+def config_differences(
+  config: dict, reference: dict, shown_apart: tuple[str, ...] = ()
+) -> list[str]:
   """['num_layers=1', 'max_length=64', ...]: the run's values that differ
   from the reference config, keys sorted, IGNORED and IDENTITY left out.
   A key the run's config lacks is a field added after the run was made (a
-  new field keeps the old behaviour by default): not a difference."""
+  new field keeps the old behaviour by default): not a difference. Keys in
+  `shown_apart` (flattened, e.g. 'model.attention.num_hashes': the label
+  shows them before the brackets) are left out too."""
   run, ref = flatten(config), flatten(reference)
   out = []
   for key in sorted(run):
-    if key in IGNORED or key in IDENTITY or key.startswith('resume_changes'):
+    if (
+      key in IGNORED
+      or key in IDENTITY
+      or key in shown_apart
+      or key.startswith(rundir.CHANGES_KEY)
+    ):
       continue
     if run[key] != ref.get(key, object()):
       shown = key[len('model.') :] if key.startswith('model.') else key
@@ -106,12 +121,13 @@ def config_differences(config, reference):
   return out
 
 
-def source_label(init_from, model):
+def source_label(init_from: str, model: str | None) -> str:
   """'(small, spt)': the run a fine-tune started from, by its preset and
-  differences (its model first when not `model`); '(<folder name>)' when
-  its results.json or config.json cannot be read from here."""
-  results = _load(os.path.join(init_from, 'results.json'))
-  config = _load(os.path.join(init_from, 'config.json'))
+  differences (its model, with its attention options, first when that is
+  not `model`); '(<folder name>)' when its results.json or config.json
+  cannot be read from here."""
+  results = rundir.read_results(init_from)
+  config = rundir.read_config(init_from)
   if not results or not config:
     return f'({os.path.basename(os.path.normpath(init_from))})'
   label = run_label(results, config)
@@ -122,9 +138,24 @@ def source_label(init_from, model):
   return f'({inner})'
 
 
-def run_label(results, config):
-  """`model [preset, differences]` of one run (see the module docstring)."""
+def model_label(results: dict) -> str:
+  """`reformer (num_hashes=8)`: the model, then the attention options the
+  run changed from its model's defaults (results.json attention_options,
+  keys sorted); the model alone when there are none or the run predates
+  that key."""
+  options = rundir.attention_options(results)
+  shown = ', '.join(f'{k}={_value(v)}' for k, v in sorted(options.items()))
+  return f'{results["model"]} ({shown})' if shown else results['model']
+
+
+def run_label(results: dict, config: dict | None) -> str:
+  """`model (attention options) [preset, differences]` of one run (see the
+  module docstring); an attention option shown in brackets is not repeated
+  among the differences."""
   model, preset = results['model'], results.get('preset') or ''
+  apart = tuple(
+    f'model.attention.{k}' for k in rundir.attention_options(results)
+  )
   parts = [p for p in preset.split(',') if p]
   if config is None:
     parts.append('config unknown')
@@ -133,24 +164,15 @@ def run_label(results, config):
     if reference is None:
       parts.append('no reference config')
     else:
-      parts += config_differences(config, reference)
-    changed = sorted(
-      {k for c in config.get('resume_changes', []) for k in c['changes']}
-    )
+      parts += config_differences(config, reference, apart)
+    changed = rundir.changed_keys(config)
     if changed:
       parts.append(f'resumed with {"/".join(changed)}')
-  return f'{model} [{", ".join(parts)}]' if parts else model
+  head = model_label(results)
+  return f'{head} [{", ".join(parts)}]' if parts else head
 
 
-def _load(path):
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def read_runs(runs_dir):
+def read_runs(runs_dir: str) -> list[dict]:
   """One dict per results.json below runs_dir: task, model, label, select,
   accuracy (the selected test accuracy, %), best and last (the two test
   accuracies, %; last None for runs made before test_last existed), data
@@ -166,17 +188,14 @@ def read_runs(runs_dir):
     )
   runs = []
   for path in paths:
-    results = _load(path)
+    workdir = os.path.dirname(path)
+    results = rundir.read_results(workdir)
     if results is None:
       raise UserError(f'{path} is not valid JSON; rerun or remove that run.')
     if results.get('objective', 'classify') != 'classify':
       continue  # a pretraining run (causal_lm, masked_lm): no class accuracy
-    config = _load(os.path.join(os.path.dirname(path), 'config.json'))
-    select = results.get('select') or (
-      selection(config) if config else 'best_val'
-    )
-    if SELECTED_KEY[select] not in results:  # made before test_last existed
-      select = 'best_val'
+    config = rundir.read_config(workdir)
+    select = rundir.selection_of(results, config)
     last = results.get('test_last')
     runs.append(
       {
@@ -184,12 +203,12 @@ def read_runs(runs_dir):
         'model': results['model'],
         'label': run_label(results, config),
         'select': select,
-        'accuracy': 100.0 * results[SELECTED_KEY[select]]['accuracy'],
+        'accuracy': 100.0 * rundir.selected_test(results, config)['accuracy'],
         'best': 100.0 * results['test']['accuracy'],
         'last': None if last is None else 100.0 * last['accuracy'],
         'data': results.get('data_source', 'unknown'),
         'seed': (config or {}).get('seed'),
-        'path': os.path.dirname(path),
+        'path': workdir,
       }
     )
   if not runs:
@@ -256,12 +275,6 @@ def collect_runs(runs_dir, with_preset=True):
   }
 
 
-def lra_average(scores):
-  """The LRA average: mean over the five tasks without Path-X, or None."""
-  vals = [scores.get(t) for t in TASK_COLUMNS[:5]]
-  return None if any(v is None for v in vals) else float(np.mean(vals))
-
-
 def _marks(groups):
   generated = any(g['data'] == 'generated' for g in groups)
   last = any(g['select'] == 'last' for g in groups)
@@ -277,11 +290,6 @@ def _mean_cell(g):
 
 def _column(task):
   return TASK_COLUMNS.index(task) if task in TASK_COLUMNS else len(TASK_COLUMNS)
-
-
-def paper_value(table1, model, task):
-  ref = table1.get(model)
-  return None if ref is None else ref[table1['columns'].index(task)]
 
 
 LEGEND = (
@@ -371,7 +379,7 @@ def accuracy_table(runs_dir):
   return '\n'.join(lines)
 
 
-def pretraining_runs(runs_dir):
+def pretraining_runs(runs_dir: str) -> list[dict]:
   """One dict per results.json of an LM objective below runs_dir: task,
   model, label, objective, best_step (lowest validation loss), val_loss,
   test_loss, token_accuracy (%), perplexity (causal_lm, else None), path."""
@@ -380,10 +388,10 @@ def pretraining_runs(runs_dir):
   )
   runs = []
   for path in paths:
-    results = _load(path)
+    results = rundir.read_results(os.path.dirname(path))
     if not results or results.get('objective', 'classify') == 'classify':
       continue
-    config = _load(os.path.join(os.path.dirname(path), 'config.json'))
+    config = rundir.read_config(os.path.dirname(path))
     test = results.get('test') or {}
     accuracy = test.get('token_accuracy')
     runs.append(
@@ -451,114 +459,3 @@ def tables(runs_dir):
       raise
     return lm
   return text if lm is None else f'{text}\n\n{lm}'
-
-
-def read_benchmark(bench_dir):
-  """The rows of bench_dir/benchmark.json, written by benchmark.py."""
-  path = os.path.join(bench_dir, 'benchmark.json')
-  if not os.path.exists(path):
-    raise UserError(
-      f'No benchmark.json in {bench_dir}; run `python benchmark.py --out '
-      f'{bench_dir}` first.'
-    )
-  with open(path) as f:
-    return json.load(f)
-
-
-def bubble_points(runs_dir, bench_dir):
-  """The bubble chart's data: configs trained whose model was benchmarked.
-
-  One point per row of the accuracy table (an effective config, labelled as
-  there), at its model's speed and memory. Accuracy is the LRA average when
-  every such row has the five tasks; otherwise the mean over the tasks they
-  all have; otherwise each row's mean over its own tasks. Speed is steps/s
-  at the longest length at which 'transformer' ran, relative to it (without
-  a transformer row: absolute, at the longest length measured).
-
-  Returns:
-    (points, length, relative, accuracy_label); points are (row label,
-    accuracy %, speed, peak memory bytes, tasks).
-  """
-  groups = group_runs(read_runs(runs_dir))
-  rows = [r for r in read_benchmark(bench_dir) if r['status'] == 'ok']
-  base = {r['length']: r for r in rows if r['model'] == 'transformer'}
-  lengths = set(base) or {r['length'] for r in rows}
-  if not lengths:
-    raise UserError(
-      f'{bench_dir}/benchmark.json has no successful cell; rerun benchmark.py.'
-    )
-  length = max(lengths)
-  relative = length in base
-  measured = {r['model']: r for r in rows if r['length'] == length}
-  scores, model_of = {}, {}
-  for g in groups:
-    if g['model'] in measured:
-      scores.setdefault(g['label'], {})[g['task']] = g['accuracy']
-      model_of[g['label']] = g['model']
-  if not scores:
-    raise UserError(
-      f'No model is both in the runs below {runs_dir} and measured at '
-      f'{length} in {bench_dir}; benchmark the models you trained.'
-    )
-  common = set.intersection(*(set(s) for s in scores.values()))
-  if all(lra_average(s) is not None for s in scores.values()):
-    label, tasks = 'LRA average test accuracy (%)', TASK_COLUMNS[:5]
-  elif common:
-    tasks = [t for t in TASK_COLUMNS if t in common]
-    label = f'test accuracy (%), mean over {", ".join(tasks)}'
-  else:
-    label, tasks = "test accuracy (%), mean over each model's tasks", None
-  points = []
-  for name, own in scores.items():
-    r = measured[model_of[name]]
-    used = sorted(own) if tasks is None else tasks
-    speed = r['steps_per_sec']
-    if relative:
-      speed /= base[length]['steps_per_sec']
-    accuracy = float(np.mean([own[t] for t in used]))
-    points.append((name, accuracy, speed, r['peak_memory_bytes'], tuple(used)))
-  return points, length, relative, label
-
-
-def bubble_chart(runs_dir, bench_dir):
-  """LRA's Figure 3: accuracy against speed, circle area = peak memory.
-
-  One circle per row of the accuracy table (its label, e.g. `transformer
-  [small]`) from the results.json files below runs_dir and
-  bench_dir/benchmark.json (see bubble_points); the title gives the
-  benchmark's machine, preset and batch. Writes and returns
-  bench_dir/lra_bubble.png.
-  """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  points, length, relative, label = bubble_points(runs_dir, bench_dir)
-  largest = max(p[3] for p in points)
-  own_tasks = len({p[4] for p in points}) > 1
-  fig, ax = plt.subplots(figsize=(7, 5))
-  for model, accuracy, speed, memory, tasks in points:
-    ax.scatter(speed, accuracy, s=2500 * memory / largest, alpha=0.45)
-    name = f'{model} ({", ".join(tasks)})' if own_tasks else model
-    ax.annotate(name, (speed, accuracy), ha='center', va='center', fontsize=8)
-  ax.margins(0.25)
-  ax.set_xlabel(
-    f'speed at length {length}: steps/s '
-    + ('relative to transformer' if relative else '(absolute)')
-  )
-  ax.set_ylabel(label)
-  from lra.bench_report import setup  # pylint: disable=g-import-not-at-top
-
-  ax.set_title(
-    f'circle area = peak memory at {length} (XLA memory analysis); '
-    f'largest {largest / 1e9:.3g} GB\n'
-    f'{setup(read_benchmark(bench_dir)[0])}',
-    fontsize=9,
-  )
-  ax.grid(True, alpha=0.3)
-  fig.tight_layout()
-  path = os.path.join(bench_dir, 'lra_bubble.png')
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path

@@ -11,39 +11,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lra import batching, checkpoints, objectives, processes, tasks
+from lra import batching, objectives, processes, tasks
 from lra.errors import UserError
-from lra.metrics import flatten, write_json
 from lra.tasks import cache
-
-# Config keys that may change between a run and its resumption.
-RESUMABLE_CHANGES = (
-  'num_train_steps',
-  'eval_every_steps',
-  'log_every_steps',
-  'checkpoint_every_steps',
-  'keep_checkpoints',
-  'data_dir',
-  'eval_batch_size',
-  'select',
-)
-# Optimiser settings that may change on resumption (e.g. after a non-finite
-# loss: a lower learning rate or clipping from the last good checkpoint on).
-# They change closures, not the optimizer state's structure (lra.steps); the
-# change is recorded in config.json ('resume_changes': step, old and new
-# values) and as a metrics.jsonl row of split 'config'.
-OPTIMISER_CHANGES = (
-  'learning_rate',
-  'schedule',
-  'warmup_steps',
-  'weight_decay',
-  'adam_b1',
-  'adam_b2',
-  'adam_eps',
-  'grad_clip_norm',
-)
-# The record of those changes in config.json (not a config field).
-CHANGES_KEY = 'resume_changes'
 
 
 def make_mesh(devices=None):
@@ -167,59 +137,3 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
     sums = eval_step(state, to_device(batch, batch_sharding))
     total = sums if total is None else jax.tree.map(np.add, total, sums)
   return objectives.finish(jax.device_get(total), config)
-
-
-def check_resume(config, workdir):
-  """Compares the config with the run saved in `workdir` (when it has
-  checkpoints); returns {leaf key: (old, new)} of the optimiser settings
-  that changed, or raises UserError naming the leaf keys that may not
-  change. Writes nothing."""
-  path = os.path.join(workdir, 'config.json')
-  saved = checkpoints.saved_steps(workdir)
-  if not (saved['latest'] or saved['best']) or not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    old = json.load(f)
-  old.pop(CHANGES_KEY, None)
-  old, new = flatten(old), flatten(json.loads(config.to_json()))
-  # A field added after the run was made (e.g. objective) had its default
-  # then: a run saved without it resumes when it still has that value.
-  from configs import base  # pylint: disable=g-import-not-at-top
-
-  for k, v in flatten(json.loads(base.get_base_config().to_json())).items():
-    if k not in old and k in new:
-      old[k] = v
-  differ = sorted(
-    k
-    for k in set(old) | set(new)
-    if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES
-  )
-  fixed = [k for k in differ if k not in OPTIMISER_CHANGES]
-  if fixed:
-    shown = ', '.join(fixed[:6]) + (', ...' if len(fixed) > 6 else '')
-    raise UserError(
-      f'{workdir} holds a run with a different config ({shown} differ); '
-      'use a new --workdir to start another run (only the optimiser '
-      'settings, e.g. --config.learning_rate, may change on resuming).'
-    )
-  return {k: (old.get(k), new.get(k)) for k in differ}
-
-
-def write_config(config, workdir, resuming=False, changes=None, step=None):
-  """Creates the workdir and writes config.json; a resumed run keeps the
-  record of earlier changes and appends `changes` (from check_resume), made
-  at `step`."""
-  path = os.path.join(workdir, 'config.json')
-  history = []
-  if resuming and os.path.exists(path):
-    with open(path) as f:
-      history = json.load(f).get(CHANGES_KEY, [])
-  if changes:
-    history.append(
-      {'step': step, 'changes': {k: list(v) for k, v in changes.items()}}
-    )
-  new = json.loads(config.to_json())
-  if history:
-    new[CHANGES_KEY] = history
-  os.makedirs(workdir, exist_ok=True)
-  write_json(path, new)

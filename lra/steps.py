@@ -65,7 +65,7 @@ def make_optimizer(config):
   """AdamW on the schedule, after optional clipping. Only closures depend on
   the optimiser settings (learning rate, schedule, warmup, weight decay,
   Adam's constants, clipping), never the state's structure, so a run resumes
-  with changed settings (lra.runtime.OPTIMISER_CHANGES)."""
+  with changed settings (lra.rundir.OPTIMISER_CHANGES)."""
   tx = optax.adamw(
     learning_rate_schedule(config),
     b1=config.adam_b1,

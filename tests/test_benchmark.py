@@ -16,7 +16,7 @@ from test_fidelity import write_run
 
 import benchmark
 from configs import models as model_configs
-from lra import bench_report, report
+from lra import bench_report
 from lra.errors import UserError
 from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
@@ -44,7 +44,7 @@ def bench_dir(tmp_path_factory):
 def test_smoke_run_writes_table_json_and_plots(bench_dir):
   for name in ('benchmark.json', 'benchmark.md', 'speed.png', 'memory.png'):
     assert os.path.getsize(os.path.join(bench_dir, name)) > 0, name
-  rows = report.read_benchmark(bench_dir)
+  rows = bench_report.read_benchmark(bench_dir)
   assert [(r['model'], r['length']) for r in rows] == [
     (m, n) for m in MODELS for n in LENGTHS
   ]
@@ -156,13 +156,15 @@ def test_models_transformer_runs_one_model_only(tmp_path):
     timeout=300,
   )
   assert proc.returncode == 0, proc.stderr[-800:]
-  rows = report.read_benchmark(out)
+  rows = bench_report.read_benchmark(out)
   assert [(r['model'], r['status']) for r in rows] == [('transformer', 'ok')]
 
 
 def test_table_says_when_there_is_no_exact_baseline(bench_dir):
   rows = [
-    r for r in report.read_benchmark(bench_dir) if r['model'] != 'transformer'
+    r
+    for r in bench_report.read_benchmark(bench_dir)
+    if r['model'] != 'transformer'
   ]
   table = bench_report.markdown(rows)
   assert 'the exact `transformer` was not measured in this run' in table
@@ -170,7 +172,7 @@ def test_table_says_when_there_is_no_exact_baseline(bench_dir):
     ln for ln in table.splitlines() if ln.startswith('| transformer_fused')
   ]
   assert line and 'x)' not in line[0]  # no ratio without the baseline
-  with_base = bench_report.markdown(report.read_benchmark(bench_dir))
+  with_base = bench_report.markdown(bench_report.read_benchmark(bench_dir))
   assert 'speed-up against `transformer`' in with_base
 
 
@@ -207,7 +209,9 @@ def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
   _write_run(tmp_path, 'd', 'text', 'performer', 0.65)  # not benchmarked
   # Another config of a benchmarked model: its own point, labelled.
   _write_run(tmp_path, 'e', 'text', 'transformer', 0.5, max_length=64)
-  points, length, relative, label = report.bubble_points(tmp_path, bench_dir)
+  points, length, relative, label = bench_report.bubble_points(
+    tmp_path, bench_dir
+  )
   assert (length, relative) == (128, True)
   assert label == 'test accuracy (%), mean over text'  # the shared task
   by_model = {p[0]: p for p in points}
@@ -217,11 +221,11 @@ def test_bubble_chart_from_runs_and_benchmark(bench_dir, tmp_path):
     (50.0, 1.0)
   )
   assert by_model['transformer_fused'][4] == ('text',)
-  path = report.bubble_chart(tmp_path, bench_dir)
+  path = bench_report.bubble_chart(tmp_path, bench_dir)
   assert path == os.path.join(bench_dir, 'lra_bubble.png')
   assert os.path.getsize(path) > 0
   with pytest.raises(UserError, match='benchmark.json'):
-    report.bubble_chart(tmp_path, tmp_path)
+    bench_report.bubble_chart(tmp_path, tmp_path)
 
 
 # ------------------------------------------------------------ --ceiling
@@ -251,7 +255,7 @@ def test_ceiling_row_is_measured_beside_the_models(tmp_path):
   assert '| transformer | ' in memory and '| ceiling |' not in memory
   # Never trained, so never in the bubble chart (nor eval.py --table).
   _write_run(tmp_path / 'runs', 'a', 'text', 'transformer', 0.6)
-  points, _, _, _ = report.bubble_points(tmp_path / 'runs', tmp_path)
+  points, _, _, _ = bench_report.bubble_points(tmp_path / 'runs', tmp_path)
   assert [p[0] for p in points] == ['transformer']
 
 

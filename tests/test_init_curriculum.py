@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from test_models_tasks import task_config
 
+from configs import base
 from configs import listops as listops_config
-from lra import curriculum, runtime, steps, tasks
+from lra import curriculum, rundir, runtime, steps, tasks
 from lra.checkpoints import Checkpoints
 from lra.errors import UserError
 from lra.metrics import read_rows
@@ -224,7 +225,7 @@ def test_eval_py_max_length_evaluates_a_saved_run_longer(
   ckpt = Checkpoints(workdir)
   ckpt.save('best', 3, state, {'step': 3, 'best': {}})
   ckpt.close()
-  runtime.write_config(config, workdir)
+  rundir.write_config(config, workdir)
   proc = subprocess.run(
     [sys.executable, 'eval.py', f'--workdir={workdir}', '--max_length=20'],
     cwd=ROOT,
@@ -315,7 +316,7 @@ def test_runs_saved_before_these_keys_resume(smoke_run, tmp_path):
   (workdir / 'config.json').write_text(json.dumps(config))
   new = listops_config.get_config('transformer,smoke')
   new.data_dir = config['data_dir']
-  assert runtime.check_resume(new, str(workdir)) == {}
+  assert rundir.check_resume(new, str(workdir), base.get_base_config()) == {}
   new.length_schedule = '2:16'
   with pytest.raises(UserError, match=r'\(length_schedule differ'):
-    runtime.check_resume(new, str(workdir))
+    rundir.check_resume(new, str(workdir), base.get_base_config())

@@ -81,8 +81,14 @@ def test_task_modules_live_in_lra_tasks():
     assert (ROOT / 'lra' / 'tasks' / f'{name}.py').is_file(), task
 
 
+# The one module of lra/ that reads configs/: the sweep's command line,
+# which hands the presets and model names to lra/sweep_plan.py.
+CONFIG_READERS = ('lra/sweep.py',)
+
+
 def test_lra_never_imports_configs():
-  assert forbidden_imports('lra', 'configs') == []
+  bad = forbidden_imports('lra', 'configs')
+  assert [b for b in bad if b.split(':')[0] not in CONFIG_READERS] == []
 
 
 def module_name(path):

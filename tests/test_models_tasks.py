@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from configs import models as model_configs
-from lra import report, steps, tasks
+from lra import paper as lra_paper
+from lra import steps, tasks
 from lra.report import accuracy_table
 import train
 
@@ -121,6 +122,6 @@ def test_model_trains_on_listops(model, reversible, data_dir, tmp_path):
   table = accuracy_table(str(tmp_path)).splitlines()
   row = [ln for ln in table if ln.startswith(f'| {label} | ')][0]
   ours = 100 * results['test']['accuracy']
-  paper = report.paper()['table1_accuracy'].get(model, [None])[0]
+  paper = lra_paper.paper()['table1_accuracy'].get(model, [None])[0]
   cell = f'{ours:.2f} †' + ('' if paper is None else f' ({paper:.2f})')
   assert row.startswith(f'| {label} | {cell} |')

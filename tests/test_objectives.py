@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from test_models_tasks import task_config
 
-from lra import batching, objectives, runtime, steps, tasks
+from configs import base as base_config
+from lra import batching, objectives, rundir, steps, tasks
 from lra.errors import UserError
 from lra.metrics import read_rows
 from models.classifier import build_model
@@ -217,12 +218,13 @@ def test_causal_lm_trains_on_listops_smoke(smoke_data_dir, tmp_path):
   del saved['mask_rate'], saved['model']['tie_lm_head']
   with open(path, 'w') as f:
     json.dump(saved, f)
-  assert runtime.check_resume(config, workdir) == {}
+  defaults = base_config.get_base_config()
+  assert rundir.check_resume(config, workdir, defaults) == {}
   del saved['objective']
   with open(path, 'w') as f:
     json.dump(saved, f)
   with pytest.raises(UserError, match='objective differ'):
-    runtime.check_resume(config, workdir)
+    rundir.check_resume(config, workdir, defaults)
 
 
 def test_a_core_that_cannot_be_causal_refuses_before_training(tmp_path):

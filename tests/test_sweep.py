@@ -13,6 +13,7 @@ The resumed transformer is compared with conftest's uninterrupted smoke run
 of the same config.
 """
 
+import functools
 import json
 import os
 import select
@@ -24,11 +25,14 @@ import types
 
 import pytest
 
-from lra import sweep as lra_sweep
+from configs import models as model_configs
+from lra import sweep, sweep_plan, sweep_run
 from lra.errors import UserError
 from lra.metrics import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The sweep's runs as its command line plans them (configs/' catalogue).
+plan = functools.partial(sweep_plan.plan, catalogue=sweep.catalogue())
 RESULT_KEYS = ('best_step', 'val_accuracy', 'test_accuracy', 'steps_done')
 
 
@@ -142,7 +146,7 @@ def test_interrupt_then_rerun_equals_an_uninterrupted_run(swept, smoke_run):
   assert f'from step {stopped["steps_done"]}.' in swept.third.stdout
   resumed = swept.third_runs['transformer']
   assert resumed['status'] == 'done'
-  reference = lra_sweep.outcome(smoke_run)
+  reference = sweep_run.outcome(smoke_run)
   assert {k: resumed[k] for k in RESULT_KEYS} == {
     k: reference[k] for k in RESULT_KEYS
   }
@@ -262,29 +266,29 @@ def test_unknown_names_are_one_sentence(tmp_path):
     'retrieval, image, pathfinder, pathx.'
   ]
   with pytest.raises(UserError, match=r"'performr' in --models; valid: all, "):
-    lra_sweep.plan('listops', 'transformer,performr', 'small', 'x')
+    plan('listops', 'transformer,performr', 'small', 'x')
   with pytest.raises(UserError, match='leaves nothing to run'):
-    lra_sweep.plan('listops', 'local,-local', 'small', 'x')
+    plan('listops', 'local,-local', 'small', 'x')
   with pytest.raises(UserError, match="preset 'big' in --preset; valid: none"):
-    lra_sweep.plan('listops', 'all', 'big', 'x')
-  runs = lra_sweep.plan('listops,pathfinder', 'all,-transformer_fused', '', 'o')
-  assert len(runs) == 2 * (len(lra_sweep.model_configs.MODELS) - 1)
+    plan('listops', 'all', 'big', 'x')
+  runs = plan('listops,pathfinder', 'all,-transformer_fused', '', 'o')
+  assert len(runs) == 2 * (len(model_configs.known_models()) - 1)
   assert runs[0].workdir == os.path.join('o', 'listops', 'transformer')
 
 
 def test_error_line():
   tail = 'val:  12%|#  | 1/8\r\nerror: Bad thing; fix it.\n\rtest: 0%|\n'
-  assert lra_sweep.error_line(tail, 2) == 'error: Bad thing; fix it.'
-  assert lra_sweep.error_line('train: 3/6\r', -9) == (
+  assert sweep_run.error_line(tail, 2) == 'error: Bad thing; fix it.'
+  assert sweep_run.error_line('train: 3/6\r', -9) == (
     'killed by SIGKILL (out of memory?)'
   )
-  assert lra_sweep.error_line('Traceback\n  x\nValueError: no\n', 1) == (
+  assert sweep_run.error_line('Traceback\n  x\nValueError: no\n', 1) == (
     'ValueError: no'
   )
 
 
 def test_spt_preset_plans_the_pretraining_then_its_fine_tune():
-  runs = lra_sweep.plan(
+  runs = plan(
     'listops',
     'transformer,local',
     'small_spt',
@@ -308,16 +312,14 @@ def test_spt_preset_plans_the_pretraining_then_its_fine_tune():
     '--workdir o/listops/transformer-small_spt-ft '
     '--config.init_from=o/listops/transformer-small_spt --config.seed=3'
   )
-  spt = lra_sweep.plan('text', 'transformer', 'spt', 'o')
+  spt = plan('text', 'transformer', 'spt', 'o')
   assert [r.config_arg.split(':')[1] for r in spt] == [
     'transformer,spt',
     'transformer',
   ]
   assert spt[1].workdir == os.path.join('o', 'text', 'transformer-spt-ft')
   with pytest.raises(UserError) as e:
-    lra_sweep.plan(
-      'listops', 'local', 'smoke_spt', 'o', ('--config.init_from=x',)
-    )
+    plan('listops', 'local', 'smoke_spt', 'o', ('--config.init_from=x',))
   assert str(e.value) == (
     "--preset smoke_spt sets each fine-tune's --config.init_from itself; "
     'drop --config.init_from=x (or use --preset smoke).'

@@ -16,7 +16,7 @@ import pytest
 from test_errors import array_files
 
 from configs import listops as listops_config
-from lra import batching, runtime, steps, tasks
+from lra import batching, rundir, runtime, steps, tasks
 from lra.errors import UserError
 from lra.metrics import read_rows
 from lra.report import accuracy_table
@@ -182,10 +182,10 @@ def test_config_mismatch_names_leaf_keys_and_allows_optimiser_changes(
   config.model.num_layers = 2
   config.model.attention.implementation = 'fused'
   with pytest.raises(UserError, match=r'\(model\.attention\.implementation, '):
-    runtime.check_resume(config, full_run)
+    rundir.check_resume(config, full_run)
   config = listops_config.get_config('transformer,smoke')
   config.learning_rate, config.grad_clip_norm = 1e-4, 1.0
-  assert runtime.check_resume(config, full_run) == {
+  assert rundir.check_resume(config, full_run) == {
     'grad_clip_norm': (0.0, 1.0),
     'learning_rate': (0.05, 1e-4),
   }
