@@ -20,6 +20,18 @@ table repeatedly): a fine-tune at a longer max_length extends it
 rows; and a language model's token table (models/lm.py) has one row more
 than the task's vocabulary, its mask id, which the fine-tune drops.
 
+Converting one model into another (issue #21): a parameter of the
+fine-tune that DIR lacks is allowed when the model marks it with the
+metadata `init_from_missing` (nnx.Param(..., init_from_missing='why')): it
+keeps its initial value, which the model defines as the conversion.
+Longformer's global projections start as the identity on the ordinary
+projections (the paper's conversion of a pretrained model, Beltagy, Peters
+and Cohan 2020, copies Q_s, K_s, V_s into Q_g, K_g, V_g), so a `transformer`
+run fine-tunes as a `longformer` whose outputs before any step are the
+transformer's where the window covers the input; BigBird ETC's learned
+global tokens start fresh. The kept parameters are logged. A parameter DIR
+has and the fine-tune lacks is still one sentence.
+
 lra/ never imports models/: train.py hands `resize` in.
 """
 
@@ -37,6 +49,9 @@ from lra.checkpoints import WHICH, saved_steps
 from lra.errors import UserError
 
 SUBTREE = ('0', 'encoder')  # the model (0; 1 is the optimizer), its encoder
+# Parameter metadata: may be absent from DIR, keeps its initial value (the
+# model's own string says what that value is; module docstring).
+MISSING = 'init_from_missing'
 
 
 def source(init_from, which):
@@ -102,10 +117,25 @@ def _nest(flat):
   return out
 
 
-def read_encoder(init_from, which, step, like):
+def kept_when_missing(state):
+  """{path in the encoder: why} of the model's parameters marked
+  `init_from_missing` (module docstring), from the fine-tune's fresh
+  (model, optimizer) nnx.State."""
+  out = {}
+  for path, variable in nnx.to_flat_state(state):
+    if path[:2] != (0, SUBTREE[1]) or not hasattr(variable, 'get_metadata'):
+      continue
+    why = variable.get_metadata().get(MISSING)
+    if why is not None:
+      out[tuple(str(k) for k in path[1:])] = why
+  return out
+
+
+def read_encoder(init_from, which, step, like, kept=()):
   """The encoder arrays of DIR's checkpoint, {path: array}, placed with the
   sharding of the matching leaf of `like` ({path: array} of the fine-tune's
-  encoder; a parameter it lacks or that DIR lacks is one sentence)."""
+  encoder; a parameter it lacks, or that DIR lacks and is not in `kept`
+  (paths that keep their initial value), is one sentence)."""
   # Orbax reads no metadata through a relative path: make it absolute.
   root = os.path.join(os.path.abspath(init_from), 'checkpoints')
   step_dir = os.path.join(root, which, str(step))
@@ -124,7 +154,7 @@ def read_encoder(init_from, which, step, like):
   for key in SUBTREE:
     meta = meta.get(key, {}) if isinstance(meta, dict) else {}
   saved = _flat(meta, SUBTREE[1:])
-  missing = sorted(set(like) - set(saved))
+  missing = sorted(set(like) - set(saved) - set(kept))
   extra = sorted(set(saved) - set(like))
   if missing or extra:
     what = (
@@ -182,7 +212,18 @@ def load_encoder(state, init_from, which='best', resize=None):
   whose shape differs (the learned position table)."""
   which, step = source(init_from, which)
   like = _flat(nnx.to_pure_dict(state)[0][SUBTREE[1]], SUBTREE[1:])
-  loaded = read_encoder(init_from, which, step, like)
+  kept = kept_when_missing(state)
+  loaded = read_encoder(init_from, which, step, like, kept)
+  fresh = sorted(set(kept) - set(loaded))
+  if fresh:
+    logging.info(
+      '--config.init_from=%s lacks %d parameters this model starts at their '
+      'initial value: %s',
+      init_from,
+      len(fresh),
+      ', '.join(f'{_name(p)} ({kept[p]})' for p in fresh[:4])
+      + (', ...' if len(fresh) > 4 else ''),
+    )
 
   def mismatch(path, saved, want):
     return (

@@ -6,10 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import listops as listops_config
+from lra import tasks
 from lra.errors import UserError
 import models.attention.bigbird  # noqa: F401
 from models.attention.bigbird import random_layout
 from models.attention.memory import core_memory_bytes
+from models.attention.registry import get_core_class
+from models.classifier import build_model
 
 B, H, D, BLOCK = 2, 2, 8, 8
 
@@ -274,6 +278,168 @@ def test_invalid_options(options, match):
 
 def test_memory_grows_about_linearly():
   opts = {'name': 'bigbird', 'block_size': 64, 'num_random_blocks': 3}
+  small = core_memory_bytes(opts, 1024)
+  large = core_memory_bytes(opts, 4096)
+  assert large / small <= 5, (small, large)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(
+  opts={'block_size': 4, 'num_random_blocks': 2},
+  exact={'block_size': 16, 'num_random_blocks': 0},
+)
+
+
+# ------------------------------------------------- ETC (issue #21)
+def etc_pattern(g, length, block, blocks_HxNxS, valid_HxNxS):
+  """bool[H, G + L, G + L]: G global tokens first (they see every key and
+  every query sees them), then the real tokens' window + random blocks."""
+  heads = blocks_HxNxS.shape[0]
+  n = -(-length // block)
+  block_pattern = np.zeros((heads, n, n), bool)
+  for h in range(heads):
+    for qb in range(n):
+      seen = blocks_HxNxS[h, qb][valid_HxNxS[h, qb]]
+      block_pattern[h, qb, seen] = True
+      # The definition: window i - 1, i, i + 1 always in.
+      for kb in (qb - 1, qb, qb + 1):
+        if 0 <= kb < n:
+          assert block_pattern[h, qb, kb]
+  ids = np.arange(length) // block
+  out = np.ones((heads, g + length, g + length), bool)
+  out[:, g:, g:] = block_pattern[:, ids][:, :, ids]
+  return out
+
+
+def etc_core(g=3, r=2, **kw):
+  return ao.make(
+    {
+      'name': 'bigbird',
+      'block_size': BLOCK,
+      'num_random_blocks': r,
+      'global_mode': 'etc',
+      'num_global_tokens': g,
+    },
+    num_heads=H,
+    head_dim=D,
+    **kw,
+  )
+
+
+@pytest.mark.parametrize('g, r, length', [(3, 2, 61), (1, 0, 40), (2, 1, 8)])
+def test_etc_matches_dense_pattern(g, r, length):
+  """The output at every real (unpadded) position, global tokens included,
+  equals dense softmax under the ETC rule."""
+  core = etc_core(g, r)
+  assert core.etc_tokens == g
+  q, k, v = qkv(10 + g, B, g + length)
+  pad = padding([g + length, g + length - 11], g + length)
+  blocks, valid = core.layout(g + length)
+  pattern = etc_pattern(g, length, BLOCK, blocks, valid)
+  if length > 2 * BLOCK:
+    assert not pattern.all()  # genuinely sparse
+  allowed = ao.allowed_mask(pattern, pad)
+  out = run(core, q, k, v, pad)
+  ref = ao.dense_reference(q, k, v, allowed)
+  real = np.asarray(pad)
+  np.testing.assert_allclose(out[real], ref[real], atol=1e-5)
+
+
+def test_etc_exact_limit_and_global_tokens_matter():
+  """N <= 2 real blocks: softmax; the global tokens are seen by all."""
+  core = etc_core(2, 0)
+  q, k, v = qkv(3, B, 2 + 2 * BLOCK)
+  full = ao.dense_reference(q, k, v, ao.full_pattern(2 + 2 * BLOCK))
+  np.testing.assert_allclose(run(core, q, k, v), full, atol=1e-5)
+  q, k, v = qkv(4, 1, 2 + 40)
+  v2 = v.at[:, 1].add(3.0)  # one global token's value
+  moved = np.abs(run(core, q, k, v2) - run(core, q, k, v)).max(axis=(0, 2, 3))
+  assert (moved > 1e-4).all()  # every position sees it
+
+
+def test_etc_layout_rows():
+  n, r = 9, 3
+  blocks, valid = etc_core(2, r).layout(2 + n * BLOCK)
+  assert blocks.shape == (H, n, 3 + r)
+  for h in range(H):
+    for i in range(n):
+      chosen = set(blocks[h, i][valid[h, i]].tolist())
+      window = {b for b in (i - 1, i, i + 1) if 0 <= b < n}
+      assert window <= chosen
+      assert len(chosen) == len(window) + r  # r distinct extra blocks
+  # Shorter than r candidates: every block is taken (exact).
+  blocks, valid = etc_core(2, 5).layout(2 + 4 * BLOCK)
+  assert all(
+    set(blocks[h, i][valid[h, i]].tolist()) == set(range(4))
+    for h in range(H)
+    for i in range(4)
+  )
+
+
+def test_etc_refuses_causal_and_bad_options():
+  q, k, v = qkv(5, 1, 20)
+  with pytest.raises(UserError, match="'bigbird' cannot be causal with glob"):
+    run(etc_core(), q, k, v, causal=True)
+  with pytest.raises(UserError, match='global_mode must be one of itc, etc'):
+    ao.make({'name': 'bigbird', 'global_mode': 'ETC+'})
+  with pytest.raises(UserError, match='num_global_tokens must be an integer'):
+    ao.make({'name': 'bigbird', 'global_mode': 'etc', 'num_global_tokens': 0})
+  cls = get_core_class('bigbird')
+  assert cls.extra_tokens({'name': 'bigbird'}) == 0
+  assert cls.extra_tokens({'global_mode': 'etc', 'num_global_tokens': 4}) == 4
+
+
+def _etc_model(pooling, num_layers=1, mode='etc', objective='classify'):
+  config = listops_config.get_config('bigbird,smoke')
+  config.model.attention.global_mode = mode
+  config.model.attention.num_global_tokens = 3
+  config.model.attention.block_size = 8
+  config.model.pooling = pooling
+  config.model.num_layers = num_layers
+  config.objective = objective
+  return build_model(config, tasks.get_task('listops'))
+
+
+def test_etc_encoder_prepends_and_removes_global_tokens():
+  tokens = np.ones((2, 64), np.int32)
+  tokens[1, 40:] = 0  # padding
+  tokens = jnp.asarray(tokens)
+  # Without blocks the encoder is LayerNorm(embedding + positions): the
+  # global tokens leave nothing behind and shift no position.
+  etc0, itc0 = _etc_model('cls', 0), _etc_model('cls', 0, 'itc')
+  assert etc0.encoder.extra_GxE[...].shape == (3, 16)
+  x, pad, _ = etc0.encoder(tokens)
+  x_itc, pad_itc, _ = itc0.encoder(tokens)
+  assert x.shape == (2, 65, 16)  # CLS + 64 tokens, no global tokens
+  np.testing.assert_array_equal(np.asarray(pad), np.asarray(pad_itc))
+  np.testing.assert_allclose(np.asarray(x), np.asarray(x_itc), atol=1e-6)
+  # With a block every real position (the pooled CLS included) sees them.
+  for pooling in ('cls', 'mean'):
+    model = _etc_model(pooling)
+    logits, _ = model(tokens)
+    assert logits.shape == (2, 10) and np.isfinite(np.asarray(logits)).all()
+    x, _, _ = model.encoder(tokens)
+    other = jax.random.normal(jax.random.key(1), (3, 16))  # not a shift:
+    model.encoder.extra_GxE[...] = other  # LayerNorm would undo one
+    x2, _, _ = model.encoder(tokens)
+    moved = np.abs(np.asarray(x2) - np.asarray(x)).max(axis=(0, 2))
+    assert (moved > 1e-4).all()
+    assert not np.allclose(np.asarray(model(tokens)[0]), np.asarray(logits))
+
+
+def test_etc_causal_language_model_is_refused_at_build():
+  with pytest.raises(UserError, match='cannot be causal'):
+    _etc_model('cls', objective='causal_lm')
+
+
+def test_etc_memory_grows_about_linearly():
+  opts = {
+    'name': 'bigbird',
+    'block_size': 64,
+    'num_random_blocks': 3,
+    'global_mode': 'etc',
+    'num_global_tokens': 2,
+  }
   small = core_memory_bytes(opts, 1024)
   large = core_memory_bytes(opts, 4096)
   assert large / small <= 5, (small, large)

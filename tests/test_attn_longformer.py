@@ -6,10 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import listops
+from lra import tasks
 from lra.errors import UserError
 from models.attention import Mask
-import models.attention.longformer  # noqa: F401
+from models.attention.longformer import LongformerAttention
 from models.attention.memory import core_memory_bytes
+from models.classifier import build_model
 from tests.attention_oracle import (
   allowed_mask,
   dense_reference,
@@ -210,3 +213,136 @@ def test_memory_grows_linearly():
   small = core_memory_bytes(opts, 1024)
   large = core_memory_bytes(opts, 4096)
   assert large / small <= 5, (small, large)
+
+
+# ------------------------------------------ the paper's variants (issue #21)
+def variant_pattern(length, window, dilations, glob):
+  """bool[H, L, L]: window per layer, dilation per head, global positions P
+  (i or j in P), written out from the definition."""
+  i = np.arange(length)[:, None]
+  j = np.arange(length)[None, :]
+  is_glob = np.isin(np.arange(length), glob)
+  heads = []
+  for d in dilations:
+    band = (np.abs(i - j) <= (window // 2) * d) & ((i - j) % d == 0)
+    heads.append(band | is_glob[None, :] | is_glob[:, None])
+  return np.stack(heads)
+
+
+def check_variant(core, length, dilations, glob, causal=False, seed=0):
+  q, k, v = qkv(seed=seed, length=length, heads=H, dim=D)
+  pad = padding([length, length - 9], length)
+  out = call(core, q, k, v, pad, causal)
+  pattern = variant_pattern(length, core.window, dilations, glob)
+  assert not pattern.all()  # genuinely sparse
+  allowed = allowed_mask(pattern, pad, causal)
+  np.testing.assert_allclose(out, dense_reference(q, k, v, allowed), atol=1e-5)
+
+
+def test_window_per_layer_from_a_list_matches_dense_pattern():
+  for layer, want in enumerate((4, 10, 6)):
+    core = make(
+      {'name': 'longformer', 'window': '4,10,6', 'global_positions': ''},
+      num_heads=H,
+      head_dim=D,
+      layer_index=layer,
+    )
+    assert core.window == want
+    check_variant(core, 30, (1, 1), [], causal=layer == 1, seed=layer)
+  with pytest.raises(UserError, match='lists 3 sizes .* layer 3') as e:
+    make({'name': 'longformer', 'window': '4,10,6'}, layer_index=3)
+  assert str(e.value).replace('e.g. ', '').count('. ') == 0
+
+
+def test_window_growth_doubles_per_layer():
+  opts = {'name': 'longformer', 'window': 4, 'window_growth': 2.0}
+  windows = [make(opts, layer_index=i).window for i in range(4)]
+  assert windows == [4, 8, 16, 32]
+  grown = {**opts, 'window_growth': 1.5, 'global_positions': '3'}
+  core = make(grown, num_heads=H, head_dim=D, layer_index=2)
+  assert core.window == 8  # 2 * round(4 * 2.25 / 2)
+  check_variant(core, 33, (1, 1), [3])
+  assert make({'name': 'longformer', 'window': 6}, layer_index=5).window == 6
+  with pytest.raises(UserError, match='window_growth must stay 1.0'):
+    make({**opts, 'window': '4,8'}, layer_index=0)
+  with pytest.raises(UserError, match='window_growth must be a number > 0'):
+    make({**opts, 'window_growth': 0.0})
+
+
+def test_dilation_per_head_and_global_positions_match_dense_pattern():
+  core = longformer(window=4, dilation='1,3', global_positions='2,17,50')
+  assert core.dilations == (1, 3) and core.global_positions == (2, 17, 50)
+  check_variant(core, 40, (1, 3), [2, 17])  # 50 >= L is ignored
+  # With the global projections (identity at initialisation): the same.
+  core = longformer(
+    window=4, dilation=[2, 1], global_positions=30, global_projections=True
+  )
+  check_variant(core, 40, (2, 1), [30], seed=1)  # 30 is padding in row 1
+
+
+def test_dilation_per_head_causal_matches_dense_pattern():
+  core = longformer(window=6, dilation='3,1', global_positions='')
+  check_variant(core, 37, (3, 1), [], causal=True, seed=2)
+
+
+def test_command_line_strings_parse_like_values():
+  a = longformer(window='8', dilation='2', global_positions='0, 5')
+  b = longformer(window=8, dilation=2, global_positions=[5, 0, 5])
+  assert (a.window, a.dilations, a.global_positions) == (8, (2, 2), (0, 5))
+  assert (b.window, b.dilations, b.global_positions) == (8, (2, 2), (0, 5))
+  for none in ('', 'none', []):
+    assert longformer(global_positions=none).global_positions == ()
+  assert longformer(global_tokens='3').global_positions == (0, 1, 2)
+  assert longformer().global_positions == (0,)  # 'auto' outside a model
+
+
+@pytest.mark.parametrize(
+  'opts, match',
+  [
+    ({'dilation': '1,2,2'}, 'dilation lists 3 values but the model has 2'),
+    ({'dilation': '1,x'}, 'dilation must be an integer >= 1'),
+    ({'global_positions': '0,-1'}, 'global_positions must be an integer'),
+    ({'global_positions': 'cls'}, 'global_positions must be an integer'),
+    ({'global_tokens': 1, 'global_positions': '0'}, 'both name'),
+    ({'window': '8,9'}, 'window must be an even integer'),
+  ],
+)
+def test_bad_variant_options_are_one_sentence(opts, match):
+  with pytest.raises(UserError, match=match) as e:
+    longformer(**opts)
+  assert str(e.value).replace('e.g. ', '').count('. ') == 0
+
+
+def test_auto_global_positions_follow_the_pooling():
+  resolve = LongformerAttention.model_options
+  auto = {'name': 'longformer', 'global_positions': 'auto'}
+  assert resolve(auto, pooling='cls', causal=False)['global_positions'] == '0'
+  assert resolve(auto, pooling='first', causal=False)['global_positions'] == '0'
+  for pooling in ('mean', 'max'):
+    out = resolve(auto, pooling=pooling, causal=False)
+    assert out['global_positions'] == ''
+  assert resolve(auto, pooling='cls', causal=True)['global_positions'] == ''
+  for explicit in ({'global_positions': '4'}, {'global_tokens': 2}):
+    opts = {'name': 'longformer', **explicit}
+    assert resolve(opts, pooling='mean', causal=False) == opts
+
+
+@pytest.mark.parametrize('pooling, want', [('cls', (0,)), ('mean', ())])
+def test_model_build_resolves_auto_global_positions(pooling, want):
+  """The classifier's cores: the CLS global with CLS pooling, nothing with
+  mean pooling (no global projections then); the config is unchanged."""
+  config = listops.get_config('longformer,smoke')
+  config.model.pooling = pooling
+  model = build_model(config, tasks.get_task('listops'))
+  core = model.encoder.blocks[0].attn.core
+  assert core.global_positions == want
+  assert bool(nnx.state(core, nnx.Param)) == bool(want)
+  assert config.model.attention.global_positions == 'auto'
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(
+  opts={'window': 8, 'global_tokens': 2},
+  exact={'window': 74, 'global_tokens': 0, 'global_projections': False},
+  causal={'window': 8, 'global_tokens': 0},
+)

@@ -1,9 +1,32 @@
-"""BigBird block-sparse attention (ITC layout).
+"""BigBird block-sparse attention, ITC (default) and ETC layouts.
 
 Zaheer et al., "Big Bird: Transformers for Longer Sequences"
 (arXiv 2007.14062).
 
-The sequence is cut into blocks of b positions (block i holds positions
+Two ways to have global tokens (the paper, section 2): ITC (internal
+transformer construction, `global_mode='itc'`, the default) makes existing
+tokens global: the first and last block below; ETC (extended transformer
+construction, `global_mode='etc'`) adds `num_global_tokens` extra learned
+tokens (default 2, this harness's choice) in front of the sequence. ETC is
+model-level: `extra_tokens(options)` tells models/encoder.py how many
+learned embeddings to prepend (key padding True); the encoder removes them
+again before it returns, so CLS pooling still pools the CLS and mean
+pooling never averages them.
+
+ETC, on a call whose first G positions are the global tokens and whose
+remaining L positions are cut into N blocks of b (as below):
+  - a global query attends to all G + L keys; every query attends to the G
+    global keys;
+  - real query block i also attends to real blocks i - 1, i, i + 1 (those
+    that exist) and r random real blocks drawn without replacement from the
+    blocks outside {i - 1, i, i + 1} (`etc_layout`, seeded as the ITC one);
+    no real block is global.
+One joint softmax per query. Cost: time O(L b (r + 3) D + 2 G L D) per head,
+memory O(L (b (r + 3) + G)). Exact limit: every real block seen by every
+real block, i.e. N <= 2 or r >= N - 2 (row 0 has N - 2 candidates). Causal
+masks are refused in ETC (a global token sees every token).
+
+ITC: the sequence is cut into blocks of b positions (block i holds positions
 i*b .. i*b + b - 1; when b does not divide L the last block is the partial
 one, padded inside the core and masked). With N blocks:
   - the first and the last block are global: their queries attend to every
@@ -75,6 +98,7 @@ from models.attention.base import (
   int_option,
   key_valid_BxM,
   pad_to_multiple,
+  refuse_causal,
 )
 from models.attention.registry import register
 
@@ -144,6 +168,61 @@ def middle_layout(seed, layer, num_heads, num_blocks, r):
   return blocks, valid
 
 
+@functools.lru_cache(maxsize=128)
+def etc_layout(seed, layer, num_heads, num_blocks, r):
+  """Key blocks of every real query block in ETC mode.
+
+  Returns:
+    (blocks int32[H, N, 3 + r], valid bool[H, N, 3 + r]): per row the slots
+    [i - 1, i, i + 1, random...] over the real blocks (the global tokens are
+    added by the core); valid is False for a window slot outside 0 .. N - 1
+    (its block index is clipped), for unused random slots and for a block
+    already listed in an earlier slot. Random blocks are drawn without
+    replacement from the blocks outside {i - 1, i, i + 1} with
+    `np.random.default_rng([seed, layer, head, block])`; a row with fewer
+    than r candidates takes all of them. Read-only arrays (cached).
+  """
+  n = num_blocks
+  rows = np.arange(n)
+  window = np.stack([rows - 1, rows, rows + 1], axis=-1)
+  blocks = np.zeros((num_heads, n, 3 + r), np.int32)
+  valid = np.zeros((num_heads, n, 3 + r), bool)
+  blocks[:, :, :3] = np.clip(window, 0, n - 1)
+  valid[:, :, :3] = (window >= 0) & (window < n)
+  for i in range(n):
+    candidates = np.setdiff1d(rows, window[i])
+    take = min(r, candidates.size)
+    if not take:
+      continue
+    for h in range(num_heads):
+      rng = np.random.default_rng([seed, layer, h, i])
+      blocks[h, i, 3 : 3 + take] = rng.choice(candidates, take, replace=False)
+      valid[h, i, 3 : 3 + take] = True
+  # A slot repeating a block listed in an earlier valid slot is masked.
+  same = blocks[..., :, None] == blocks[..., None, :]
+  earlier = np.tril(np.ones((3 + r, 3 + r), bool), -1)
+  valid &= ~np.any(same & earlier & valid[..., None, :], axis=-1)
+  blocks.flags.writeable = False
+  valid.flags.writeable = False
+  return blocks, valid
+
+
+GLOBAL_MODES = ('itc', 'etc')
+
+
+def etc_tokens(global_mode, num_global_tokens):
+  """How many global tokens ETC prepends (0 in ITC), or one sentence."""
+  if global_mode not in GLOBAL_MODES:
+    raise UserError(
+      f'bigbird global_mode must be one of {", ".join(GLOBAL_MODES)}, got '
+      f'{global_mode!r}; set e.g. --config.model.attention.global_mode=etc.'
+    )
+  if isinstance(num_global_tokens, str) and num_global_tokens.isdigit():
+    num_global_tokens = int(num_global_tokens)  # from the command line
+  g = int_option('bigbird', 'num_global_tokens', num_global_tokens, 1, 2)
+  return g if global_mode == 'etc' else 0
+
+
 @register('bigbird')
 class BigBirdAttention(AttentionCore):
   supports_causal = True
@@ -162,8 +241,14 @@ class BigBirdAttention(AttentionCore):
     block_size=64,
     num_random_blocks=3,
     seed=0,
+    global_mode: str = 'itc',
+    num_global_tokens: int = 2,
   ):
     del max_length, rngs
+    # ETC: the first num_global_tokens positions of every call are the
+    # prepended global tokens (models/encoder.py); 0 in ITC.
+    self.etc_tokens = etc_tokens(global_mode, num_global_tokens)
+    self.global_mode = global_mode
     self.block_size = int_option('bigbird', 'block_size', block_size, 1, 64)
     self.num_random_blocks = int_option(
       'bigbird', 'num_random_blocks', num_random_blocks, 0, 3
@@ -175,8 +260,23 @@ class BigBirdAttention(AttentionCore):
     self.scale = head_dim**-0.5
     self.dtype = dtype
 
+  @classmethod
+  def extra_tokens(cls, options):
+    """How many learned tokens the encoder prepends for this core's
+    options (a model.attention dict): num_global_tokens in ETC, else 0."""
+    return etc_tokens(
+      options.get('global_mode', 'itc'), options.get('num_global_tokens', 2)
+    )
+
   def layout(self, length):
-    """(random blocks [H, N, r], valid [H, N, r]) used at query length L."""
+    """The random layout used at query length L: ITC (random blocks
+    [H, N, r], valid [H, N, r]); ETC (etc_layout of the L - G real
+    positions: blocks [H, N, 3 + r], valid [H, N, 3 + r])."""
+    if self.etc_tokens:
+      n = -(-max(length - self.etc_tokens, 0) // self.block_size)
+      return etc_layout(
+        self.seed, self.layer_index, self.num_heads, n, self.num_random_blocks
+      )
     n = -(-length // self.block_size)
     return random_layout(
       self.seed, self.layer_index, self.num_heads, n, self.num_random_blocks
@@ -192,6 +292,8 @@ class BigBirdAttention(AttentionCore):
         'bigbird needs as many keys as queries (self-attention), got '
         f'{length} queries and {k_BxMxHxD.shape[1]} keys.'
       )
+    if self.etc_tokens:
+      return self._etc(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, rngs)
     c = self.block_size
     n = -(-length // c)
     padded = n * c
@@ -273,3 +375,86 @@ class BigBirdAttention(AttentionCore):
     out_BxHxLxD = out_BxHxNxCxD.reshape(batch, heads, padded, -1)[:, :, :length]
     out_BxLxHxD = jnp.transpose(out_BxHxLxD, (0, 2, 1, 3))
     return out_BxLxHxD.astype(self.dtype), {}
+
+  def _etc(self, q_BxTxHxD, k_BxTxHxD, v_BxTxHxD, mask, rngs):
+    """ETC: the first G positions global, the rest block-sparse (window and
+    random blocks) plus the G global keys; -> (out [B, T, H, D], {})."""
+    refuse_causal(
+      self,
+      mask,
+      " with global_mode='etc' (its global tokens see every token; "
+      "global_mode='itc' can be causal)",
+    )
+    batch, total, heads, dim = q_BxTxHxD.shape
+    g = min(self.etc_tokens, total)
+    length = total - g  # the real positions
+    valid_BxT = key_valid_BxM(mask, batch, total)
+    key_global = key_real = None
+    if rngs is not None and self.dropout_rate > 0:
+      key_global, key_real = jax.random.split(rngs)
+    heads_first = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # noqa: E731
+
+    # The global tokens attend to every key.
+    out_BxHxGxD = attend(
+      heads_first(q_BxTxHxD[:, :g]),
+      heads_first(k_BxTxHxD),
+      heads_first(v_BxTxHxD),
+      valid_BxT[:, None, None, :],
+      scale=self.scale,
+      rate=self.dropout_rate,
+      key=key_global,
+    )
+    if length == 0:
+      return heads_first(out_BxHxGxD).astype(self.dtype), {}
+
+    # Real query blocks: their window and random blocks, plus the G keys.
+    c = self.block_size
+    n = -(-length // c)
+    valid_BxM = pad_to_multiple(valid_BxT[:, g:], c, 1, False)
+
+    def blocked(x_BxLxHxD):
+      x_BxHxLxD = heads_first(pad_to_multiple(x_BxLxHxD, c, 1))
+      return x_BxHxLxD.reshape(batch, heads, n, c, dim)
+
+    q_BxHxNxCxD = blocked(q_BxTxHxD[:, g:])
+    k_BxHxNxCxD = blocked(k_BxTxHxD[:, g:])
+    v_BxHxNxCxD = blocked(v_BxTxHxD[:, g:])
+    blocks_HxNxS, slot_HxNxS = etc_layout(
+      self.seed, self.layer_index, heads, n, self.num_random_blocks
+    )
+    s = blocks_HxNxS.shape[-1]
+    h_idx = np.arange(heads)[:, None, None]
+
+    def gathered(x_BxHxNxCxD, x_BxTxHxD):
+      x_BxHxNxSxCxD = x_BxHxNxCxD[:, h_idx, blocks_HxNxS]
+      x_BxHxNxKxD = x_BxHxNxSxCxD.reshape(batch, heads, n, s * c, dim)
+      glob_BxHxNxGxD = jnp.broadcast_to(
+        heads_first(x_BxTxHxD[:, :g])[:, :, None], (batch, heads, n, g, dim)
+      )
+      return jnp.concatenate([x_BxHxNxKxD, glob_BxHxNxGxD], axis=3)
+
+    valid_BxNxC = valid_BxM.reshape(batch, n, c)
+    allowed_BxHxNxSxC = (
+      valid_BxNxC[:, blocks_HxNxS] & slot_HxNxS[None, :, :, :, None]
+    )
+    allowed_BxHxNx1xK = jnp.concatenate(
+      [
+        allowed_BxHxNxSxC.reshape(batch, heads, n, 1, s * c),
+        jnp.broadcast_to(
+          valid_BxT[:, None, None, None, :g], (batch, heads, n, 1, g)
+        ),
+      ],
+      axis=-1,
+    )
+    out_BxHxNxCxD = attend(
+      q_BxHxNxCxD,
+      gathered(k_BxHxNxCxD, k_BxTxHxD),
+      gathered(v_BxHxNxCxD, v_BxTxHxD),
+      allowed_BxHxNx1xK,
+      scale=self.scale,
+      rate=self.dropout_rate,
+      key=key_real,
+    )
+    out_BxHxLxD = out_BxHxNxCxD.reshape(batch, heads, n * c, dim)[:, :, :length]
+    out_BxHxTxD = jnp.concatenate([out_BxHxGxD, out_BxHxLxD], axis=2)
+    return heads_first(out_BxHxTxD).astype(self.dtype), {}
