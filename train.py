@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from absl import app, flags, logging
 from flax import nnx
@@ -57,6 +58,7 @@ from lra import (
 from lra.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.errors import UserError
 from lra.metrics import MetricsLog, TensorBoard, selection
+from lra.prefetch import Prefetcher
 from lra.progress import NonFiniteLoss, Progress
 from models.classifier import build_model
 from models.embeddings import fit_for_fine_tune
@@ -278,27 +280,47 @@ def training_batch(config, task, data, stages, step):
   return batch
 
 
+# Signals that ask the loop to stop at the end of its step and save: Ctrl-C,
+# and SIGTERM (preemption: TPU/cloud VMs, Slurm, Kubernetes end runs so).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def stop_requests():
-  """A list that gets an entry when Ctrl-C asks to stop: the loop then ends
-  at the end of its current step (a checkpoint there resumes exactly); a
-  second Ctrl-C interrupts at once. Signal handlers can only be set in the
-  main thread; elsewhere the list stays empty."""
+  """A list that gets the signal's number when Ctrl-C or SIGTERM asks to
+  stop: the loop then ends at the end of its current step, saves (the
+  checkpoint there resumes exactly) and exits; a second Ctrl-C interrupts
+  at once. Signal handlers can only be set in the main thread; elsewhere
+  the list stays empty."""
   requested = []
 
   def request_stop(signum, frame):
-    del signum, frame
-    requested.append(True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    del frame
+    requested.append(signum)
+    if signum == signal.SIGINT:
+      signal.signal(signal.SIGINT, signal.default_int_handler)
 
   if threading.current_thread() is not threading.main_thread():
     yield requested
     return
-  previous = signal.signal(signal.SIGINT, request_stop)
+  previous = {s: signal.signal(s, request_stop) for s in STOP_SIGNALS}
   try:
     yield requested
   finally:
-    signal.signal(signal.SIGINT, previous)
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def save_due(config, step, last_save_s):
+  """Whether wall time asks for a checkpoint at `step`
+  (config.checkpoint_every_minutes; 0: steps only). Decided at log steps
+  only, by process 0 for all of them in a multi-process run (a save is
+  collective: every process must save the same step)."""
+  minutes = config.get('checkpoint_every_minutes', 0)
+  if not minutes or step % config.log_every_steps:
+    return False
+  due = time.monotonic() - last_save_s >= 60 * minutes
+  return processes.agree(due)
 
 
 def train_and_evaluate(config, workdir, on_step=None):
@@ -345,16 +367,23 @@ def train_and_evaluate(config, workdir, on_step=None):
     acc_key=acc_key,
     primary=processes.is_primary(),
   )
-  last_good = start
+  last_good, last_save_s = start, time.monotonic()
+
+  def prepared(step):
+    """The step's device batch and key, made `prefetch` steps ahead on a
+    worker thread (lra/prefetch.py): one transfer per batch."""
+    batch = training_batch(config, task, data, stages, step - 1)
+    key = jax.random.fold_in(base_key, step)
+    return runtime.to_device(batch, batch_sharding), key
+
+  steps_left = range(start + 1, config.num_train_steps + 1)
   try:
-    with stop_requests() as stop_requested:
-      for step in range(start + 1, config.num_train_steps + 1):
-        batch = training_batch(config, task, data, stages, step - 1)
-        state, metrics = train_step(
-          state,
-          runtime.to_device(batch, batch_sharding),
-          jax.random.fold_in(base_key, step),
-        )
+    with (
+      stop_requests() as stop_requested,
+      Prefetcher(prepared, steps_left, config.get('prefetch', 2)) as batches,
+    ):
+      for step, (batch, key) in batches:
+        state, metrics = train_step(state, batch, key)
         new_stage = curriculum.length_at(
           stages, step, config.max_length
         ) != curriculum.length_at(stages, step - 1, config.max_length)
@@ -372,10 +401,15 @@ def train_and_evaluate(config, workdir, on_step=None):
             ckpt.save('best', step, state, {'step': step, 'best': best})
           progress.resume_timer(step)  # steps/s counts training steps only
         stopping = bool(stop_requested)  # read once: a signal may come now
-        if step % config.checkpoint_every_steps == 0 or last or stopping:
+        if (
+          step % config.checkpoint_every_steps == 0
+          or last
+          or stopping
+          or save_due(config, step, last_save_s)
+        ):
           progress.flush(step)
           ckpt.save('latest', step, state, {'step': step, 'best': best})
-          last_good = step
+          last_good, last_save_s = step, time.monotonic()
           progress.resume_timer(step)
         if on_step is not None:
           on_step(step)
@@ -383,14 +417,15 @@ def train_and_evaluate(config, workdir, on_step=None):
           raise KeyboardInterrupt
   except KeyboardInterrupt:
     progress.close()
-    ckpt.close()
+    ckpt.close()  # waits for the last save to be written
     where = f'step {last_good}' if last_good else 'no checkpoint yet'
+    preempted = signal.SIGTERM in stop_requested
     print(
-      f'Interrupted; latest checkpoint: {where}. Run the same command to '
-      'resume.',
+      f'{"Preempted (SIGTERM)" if preempted else "Interrupted"}; latest '
+      f'checkpoint: {where}. Run the same command to resume.',
       file=sys.stderr,
     )
-    sys.exit(130)
+    sys.exit(143 if preempted else 130)
   except NonFiniteLoss as e:
     progress.close()
     raise non_finite_error(e, config, workdir, last_good) from None
@@ -409,7 +444,47 @@ def train_and_evaluate(config, workdir, on_step=None):
   log.write(last_step, 'test', checkpoint='last', **test_last)
   ckpt.close()
   tested = {'test': test, 'last_step': last_step, 'test_last': test_last}
+  # The task's extra test splits (mqar's data.test_splits), on the best
+  # checkpoint: results.json `test_splits` (finish).
+  tested['test_splits'] = test_splits(
+    config, task, (replicated, batch_sharding), eval_step, best_state
+  )
+  for name, metrics in tested['test_splits'].items():
+    log.write(best['step'], f'test_{name}', checkpoint='best', **metrics)
   return finish(config, workdir, task, log, select, best, tested)
+
+
+def test_splits(config, task, shardings, eval_step, state):
+  """{name: metrics} on the task's extra test splits (lra/tasks/__init__.py
+  extra_test_splits; {} for most tasks). A split no longer than max_length
+  is padded to it (padding is masked) and run by this model; a longer one
+  by the same model built at its length (at_length: a learned position
+  table extended by copying); where that cannot be (a parameter depends on
+  the length: Linformer), the split gets {'error': the sentence}."""
+  replicated, batch_sharding = shardings
+  data_dir = config.data_dir or tasks.default_data_dir()
+  splits = task.load_extra_test_splits(data_dir, config.data.to_dict())
+  out = {}
+  for name, split in splits.items():
+    length = split[0].shape[-1]
+    run_config, run_step, run_state = config, eval_step, state
+    if length > config.max_length:
+      try:
+        graphdef, run_state = at_length(
+          config, task, replicated, state, length
+        )
+      except UserError as e:
+        warn(f'test split {name} not evaluated: {e}')
+        out[name] = {'error': str(e)}
+        continue
+      run_step = steps.make_eval_step(graphdef)
+      run_config = config.copy_and_resolve_references()
+      with run_config.unlocked():
+        run_config.max_length = length
+    out[name] = runtime.evaluate(
+      run_step, run_state, split, run_config, batch_sharding, desc=name
+    )
+  return out
 
 
 def non_finite_error(e, config, workdir, last_good):
@@ -433,7 +508,9 @@ def non_finite_error(e, config, workdir, last_good):
 def finish(config, workdir, task, log, select, best, tested):
   """Writes results.json (process 0), prints the summary and where the
   results are; returns the results. tested: the best checkpoint's `test`,
-  the final step's `test_last` at `last_step`."""
+  the final step's `test_last` at `last_step`, and `test_splits` ({name:
+  metrics} of the task's extra test splits, best checkpoint; results.json
+  has the key only when there are some)."""
   test, test_last = tested['test'], tested['test_last']
   last_step = tested['last_step']
   lm = objectives.is_lm(config)
@@ -454,9 +531,14 @@ def finish(config, workdir, task, log, select, best, tested):
   }
   if lm:  # no accuracy to report: best is the lowest validation loss
     del results['select']
+  if tested.get('test_splits'):  # the task's extra test splits (mqar)
+    results['test_splits'] = tested['test_splits']
   if processes.is_primary():
     rundir.write_results(workdir, results)
     print(summary(config, best, test, last_step, test_last, select))
+    for name, metrics in results.get('test_splits', {}).items():
+      shown = metrics.get('error') or objectives.describe(metrics, config)
+      print(f'test split {name} (best checkpoint): {shown}')
     print(where_results(workdir, log.tensorboard is not None))
   log.close()
   return results

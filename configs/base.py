@@ -50,6 +50,13 @@ def get_base_config():
   c.eval_every_steps = 500
   # Save a checkpoint every N steps (and at the end).
   c.checkpoint_every_steps = 500
+  # Also save when this many minutes of wall time have passed since the last
+  # save (checked at log steps; 0: by steps only). A SIGTERM (preemption)
+  # saves at the end of the current step whatever this says.
+  c.checkpoint_every_minutes = 0.0
+  # Training batches prepared and transferred this many steps ahead, on a
+  # worker thread (lra/prefetch.py; the same numbers whatever the depth).
+  c.prefetch = 2
   # Log training metrics every N steps.
   c.log_every_steps = 50
   # Checkpoints of the latest steps to keep (the best one is kept apart).
@@ -134,6 +141,8 @@ def get_base_config():
   # then a feed-forward of width mlp_dim) or 'ssm' (the S4/S5 papers' LRA
   # block: norm, sequence mixing, dropout, residual; no feed-forward).
   m.block = 'transformer'
+  # Depthwise causal conv of width K before each mixer (ShortConv); 0 = off.
+  m.short_conv = 0
   # model.block=ssm only: 'layer' or 'batch' norm, before (prenorm) or after
   # the residual sum.
   m.norm = 'layer'

@@ -17,6 +17,7 @@ copy) raises CheckpointError, one sentence; train.py then resumes from the
 newest readable save with a warning naming what it skipped.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -107,10 +108,18 @@ def saved_steps(workdir):
 
 
 class Checkpoints:
+  """Asynchronous saves: `save` returns once the state is copied off the
+  device, and the files are written in the background while training goes
+  on. The next save, a restore and `close` wait for it first (and then
+  write its size record). Orbax writes into a temporary folder and renames
+  it to <step> only once complete, so a save cut short (kill -9, full disk)
+  never becomes the newest readable checkpoint: the previous one stays."""
+
   def __init__(self, workdir, keep=2):
     self.root = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    self.pending = None  # (which, step) of a save still being written
     opts = lambda n: ocp.CheckpointManagerOptions(  # noqa: E731
-      max_to_keep=n, create=True, enable_async_checkpointing=False
+      max_to_keep=n, create=True, enable_async_checkpointing=True
     )
     self.latest = ocp.CheckpointManager(
       os.path.join(self.root, 'latest'), options=opts(keep)
@@ -141,31 +150,69 @@ class Checkpoints:
         os.remove(os.path.join(os.path.dirname(path), name))
 
   def save(self, which, step, state, meta):
+    """Starts saving (state, meta) as `which` at `step` (asynchronous; a
+    save of a step already saved is skipped)."""
+    self.wait()
     mngr = self._manager(which)
     if step in mngr.all_steps():
       return
-    mngr.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-      ),
-    )
-    mngr.wait_until_finished()
+    try:
+      mngr.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+        ),
+      )
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(which, step, e) from None
+    self.pending = (which, step)
+
+  def wait(self):
+    """Waits for the save in flight, then writes its record; a save that
+    failed (a full disk) is one sentence, the previous save intact."""
+    if self.pending is None:
+      return
+    which, step = self.pending
+    self.pending = None
+    try:
+      self._manager(which).wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(which, step, e) from None
     # Every process saves its shards (orbax); process 0 alone writes the
     # record, and the others wait for it.
     if jax.process_index() == 0:
       self._write_record(which, step)
     _barrier(f'checkpoint-record-{which}-{step}')
 
+  def _failed(self, which, step, e):
+    """The one sentence for a save that could not be written."""
+    kept = self.all_steps(which) if which else []
+    kept = [s for s in kept if s != step]
+    previous = (
+      f'the previous {which} checkpoint (step {max(kept)}) is intact'
+      if kept
+      else 'no earlier checkpoint was saved'
+    )
+    space = isinstance(e, OSError) and e.errno == errno.ENOSPC
+    why = 'no space left on device' if space else _reason(e)
+    advice = 'free some disk space' if space else 'fix the cause'
+    return UserError(
+      f'Saving the {which} checkpoint at step {step} under {self.root} '
+      f'failed ({why}); {previous}: {advice} and run the same command to '
+      'resume.'
+    )
+
   def latest_step(self, which='latest'):
     return self._manager(which).latest_step()
 
   def all_steps(self, which='latest'):
+    """The steps saved as `which` (a save in flight included)."""
     return list(self._manager(which).all_steps())
 
   def restore(self, which, step, abstract_state):
     """Restores (state, meta) with the shardings of `abstract_state`; raises
     CheckpointError when the save is corrupt or incomplete."""
+    self.wait()
     target = jax.tree.map(
       lambda x: (
         ocp.utils.to_shape_dtype_struct(x) if hasattr(x, 'shape') else x
@@ -198,6 +245,7 @@ class Checkpoints:
   def set_aside(self, which, step):
     """Moves an unreadable save to checkpoints/unreadable/<which>_<step>
     (kept, never read again); returns the new path."""
+    self.wait()
     dest = os.path.join(self.root, 'unreadable', f'{which}_{step}')
     n = 1
     while os.path.exists(dest):
@@ -218,5 +266,10 @@ class Checkpoints:
     return dest
 
   def close(self):
-    self.latest.close()
-    self.best.close()
+    """Waits for the save in flight (its error, if any, is raised after
+    the managers are closed)."""
+    try:
+      self.wait()
+    finally:
+      self.latest.close()
+      self.best.close()

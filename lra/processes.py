@@ -172,3 +172,14 @@ def barrier(name):
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
     multihost_utils.sync_global_devices(name)
+
+
+def agree(flag: bool) -> bool:
+  """Process 0's `flag`, for every process (a no-op with one): decisions
+  that must be the same everywhere (a collective save at this step)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))

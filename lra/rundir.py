@@ -49,6 +49,8 @@ RESUMABLE_CHANGES = (
   'eval_every_steps',
   'log_every_steps',
   'checkpoint_every_steps',
+  'checkpoint_every_minutes',
+  'prefetch',
   'keep_checkpoints',
   'data_dir',
   'eval_batch_size',

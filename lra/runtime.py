@@ -8,7 +8,7 @@ import shutil
 import sys
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 from tqdm import tqdm
 
 from lra import batching, objectives, processes, tasks
@@ -135,5 +135,7 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
         global_batch=size,
       )
     sums = eval_step(state, to_device(batch, batch_sharding))
-    total = sums if total is None else jax.tree.map(np.add, total, sums)
+    # Summed on the device (float32, as on the host before: the same
+    # numbers), read back once at the end: no sync per batch.
+    total = sums if total is None else jax.tree.map(jnp.add, total, sums)
   return objectives.finish(jax.device_get(total), config)

@@ -329,3 +329,107 @@ def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, data_dir):
   assert os.listdir(workdir / 'checkpoints' / 'latest') == [str(step)]
   run('eval.py', f'--workdir={workdir}', '--which=latest', '--split=val')
   assert json.load(open(workdir / 'eval_val_latest.json'))['step'] == step
+
+
+def test_sigterm_saves_and_the_run_resumes_exactly(tmp_path, data_dir):
+  """Preemption (SIGTERM: clouds, Slurm, Kubernetes) is handled like Ctrl-C:
+  the step finishes, a checkpoint is saved, the exit status is 143 with a
+  'Preempted' sentence; the same command resumes and ends exactly like a
+  run that was never stopped."""
+  common = [
+    f'--config.data_dir={data_dir}',
+    '--config.eval_every_steps=100000',
+    '--config.checkpoint_every_steps=100000',
+    '--config.log_every_steps=5',
+  ]
+  workdir = tmp_path / 'preempted'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      'train.py',
+      f'--config={SMOKE}',
+      f'--workdir={workdir}',
+      '--config.num_train_steps=100000',
+      *common,
+    ],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.time() + 120
+  while not (metrics.exists() and metrics.read_text().strip()):
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err
+  assert 'Traceback' not in err
+  last = err.strip().splitlines()[-1]
+  assert last.startswith('Preempted (SIGTERM); latest checkpoint: step ')
+  step = int(last.split('step ')[1].split('.')[0])
+  end = f'--config.num_train_steps={step + 3}'
+  train(str(workdir), data_dir, end, *common[1:])
+  whole = str(tmp_path / 'whole')
+  train(whole, data_dir, end, *common[1:])
+  a = json.load(open(os.path.join(whole, 'results.json')))
+  b = json.load(open(workdir / 'results.json'))
+  assert a == b and a['last_step'] == step + 3
+
+
+def test_killed_while_a_save_is_written_resumes_exactly(
+  tmp_path, data_dir, full_run
+):
+  """Checkpoints are written asynchronously: killed (os._exit) right after
+  the step-3 save started, the run leaves no half-written save as a
+  readable step, and the same command ends exactly like the full run."""
+  workdir = str(tmp_path / 'killed_saving')
+  proc = train(workdir, data_dir, '--stop_after_steps=3', check=False)
+  assert proc.returncode == 3, proc.stderr
+  saved = os.listdir(os.path.join(workdir, 'checkpoints', 'latest'))
+  assert all(not n.isdigit() or n == '3' for n in saved), saved
+  train(workdir, data_dir)
+  a = json.load(open(os.path.join(full_run, 'results.json')))
+  b = json.load(open(os.path.join(workdir, 'results.json')))
+  assert a == b
+
+
+def test_a_failed_save_is_one_sentence_and_keeps_the_previous(
+  tmp_path, data_dir, monkeypatch
+):
+  """A save that cannot be written (no space left) stops the run with one
+  sentence; the previous checkpoint stays readable and resumable."""
+  import errno  # pylint: disable=g-import-not-at-top
+
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
+  import train as train_module  # pylint: disable=g-import-not-at-top
+
+  config = listops_config.get_config('transformer,smoke')
+  config.data_dir = data_dir
+  real_wait = ocp.CheckpointManager.wait_until_finished
+  calls = []
+
+  def wait(self):
+    real_wait(self)
+    if 'latest' in str(self.directory):
+      calls.append(1)
+      if len(calls) == 2:  # the step-6 save
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'wait_until_finished', wait)
+  workdir = str(tmp_path / 'full_disk')
+  with pytest.raises(UserError) as e:
+    train_module.train_and_evaluate(config, workdir)
+  message = str(e.value)
+  assert 'no space left on device' in message and '\n' not in message
+  assert 'previous latest checkpoint (step 3) is intact' in message
+  monkeypatch.setattr(ocp.CheckpointManager, 'wait_until_finished', real_wait)
+  from lra.checkpoints import Checkpoints  # pylint: disable=g-import-not-at-top
+
+  _, state = create_state(config, tasks.get_task('listops'), None)
+  ckpt = Checkpoints(workdir)
+  _, meta = ckpt.restore('latest', 3, state)
+  ckpt.close()
+  assert meta['step'] == 3
