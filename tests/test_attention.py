@@ -165,11 +165,14 @@ def test_fused_kernel_choice():
 
   assert fused_kernel_for('auto', jnp.bfloat16, 64, backend='gpu') == 'cudnn'
   assert fused_kernel_for('auto', jnp.float32, 64, backend='gpu') == 'xla'
-  assert fused_kernel_for('auto', jnp.bfloat16, 12, backend='gpu') == 'xla'
+  assert fused_kernel_for('auto', jnp.bfloat16, 12, backend='gpu') == 'cudnn'
+  assert fused_kernel_for('auto', jnp.bfloat16, 136, backend='gpu') == 'xla'
   assert fused_kernel_for('auto', jnp.bfloat16, 64, backend='cpu') == 'xla'
   assert fused_kernel_for('xla', jnp.bfloat16, 64, backend='gpu') == 'xla'
   with pytest.raises(UserError, match='needs an NVIDIA GPU'):
     fused_kernel_for('cudnn', jnp.bfloat16, 64, backend='cpu')
+  with pytest.raises(UserError, match='head dim <= 128 .this is 130'):
+    fused_kernel_for('cudnn', jnp.bfloat16, 130, backend='gpu')
   with pytest.raises(UserError, match='Unknown fused_kernel'):
     fused_kernel_for('flash', jnp.bfloat16, 64)
 

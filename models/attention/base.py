@@ -63,12 +63,66 @@ class AttentionCore(nnx.Module):
     raise NotImplementedError
 
 
-def dropout(x, rate, key):
-  """Inverted dropout; identity when key is None or rate is 0."""
+DROPOUT_LEVELS = 256  # the accelerator rule's rate resolution: 1/256
+
+
+def dropout_bits_for(backend=None):
+  """The keep mask's source: 'bernoulli' on CPU, else 'uint8' (`dropout`)."""
+  backend = backend or jax.default_backend()
+  return 'bernoulli' if backend == 'cpu' else 'uint8'
+
+
+def uint8_dropout_threshold(rate):
+  """t = round(rate * 256): a byte < t is dropped (rate quantised to t/256);
+  None where the uint8 rule does not apply (t of 0 or 256, traced rate)."""
+  if not isinstance(rate, (int, float)):
+    return None
+  t = round(rate * DROPOUT_LEVELS)
+  return t if 0 < t < DROPOUT_LEVELS else None
+
+
+def uint8_bits(key, shape):
+  """uint8[shape] of uniform random bytes, four from each 32-bit word of
+  jax.random.bits (one threefry hash per 4 bytes, not one per byte as
+  jax.random.bits(key, shape, jnp.uint8) spends); leading dims are kept,
+  so a batch-sharded shape stays sharded."""
+  lead, last = tuple(shape[:-1]), (shape[-1] if shape else 1)
+  words = jax.random.bits(key, lead + (-(-last // 4),), jnp.uint32)
+  bytes_ = jax.lax.bitcast_convert_type(words, jnp.uint8)
+  return bytes_.reshape(lead + (-1,))[..., :last].reshape(shape)
+
+
+def dropout(x, rate, key, *, backend=None):
+  """Inverted dropout; identity when key is None or rate is 0.
+
+  The keep mask follows one config-free rule (`dropout_bits_for`; backend
+  defaults to jax.default_backend()):
+    'cpu': jax.random.bernoulli(key, 1 - rate) over x, kept values scaled
+      by 1/(1 - rate): 32 random bits per element, the rate exact; every
+      CPU result is what it always was.
+    any other backend (GPU, TPU): one random byte per element
+      (`uint8_bits`: four bytes per 32-bit word of the key's own generator,
+      a quarter of the hashing), kept where byte >= t = round(rate * 256).
+      The rate is quantised to 1/256: the effective rate is t/256, within
+      1/512 of rate (0.1 -> 26/256 = 0.1016), and kept values are scaled
+      by 1/(1 - t/256), so the expectation E[out] = x is exact. Where t
+      would be 0 or 256 (rate < 1/512 or > 1 - 1/512) or rate is traced,
+      the CPU rule applies.
+  Both are functions of the key alone: one seed gives the same run on one
+  backend (and remat recomputes the same mask); for one key the two rules
+  draw different masks. Not XLA's RngBitGenerator ('rbg' keys): under the
+  data-parallel mesh it is not partitioned (each device would draw the
+  whole batch's bits), under vmap it reads only the first key, and JAX
+  documents its bits as unstable across XLA versions.
+  """
   if key is None or rate == 0.0:
     return x
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  t = uint8_dropout_threshold(rate)
+  if dropout_bits_for(backend) == 'bernoulli' or t is None:
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  keep = uint8_bits(key, x.shape) >= t
+  return jnp.where(keep, x / (1.0 - t / DROPOUT_LEVELS), jnp.zeros_like(x))
 
 
 def visible_any_BxL(mask, batch, length_q, length_k):

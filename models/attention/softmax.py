@@ -16,13 +16,19 @@ to itself (implementation=None) writes attention out as XLA ops, L x M
 logits included, on every backend (measured on an H200: no cuDNN call in
 the compiled step). So 'auto' (the default) asks for cuDNN's flash attention
 by name where it exists: an NVIDIA GPU, bfloat16/float16 compute and a head
-dim that is a multiple of 8 and at most 128; elsewhere 'xla'. 'cudnn'
-insists (one sentence where it cannot run), 'xla' never uses it. cuDNN takes
-key padding as per-example lengths, so the real keys must be a prefix
-(right padding, as every task pads); a mask that is not one (Pathfinder with
-data.black_is_padding) turns the output to NaN rather than into a silently
-different attention, and build_model (models/classifier.py) refuses that
-combination before training.
+dim of at most 128; elsewhere 'xla'. 'cudnn' insists (one sentence where it
+cannot run), 'xla' never uses it. cuDNN wants a head dim that is a multiple
+of 8: any other D (Pathfinder's reference, qkv 16 over 4 heads: D = 4) is
+zero-padded to the next multiple Dp (`cudnn_attention`) with the scale
+1/sqrt(D) of the true D; zero q/k columns add nothing to q.k and zero v
+columns give zero output columns, cut off again, so this is exact (values
+and gradients), at Dp/D times the q.k and v work (2x at D = 4). Only the
+cuDNN request pads: XLA's kernel takes any D, and padding there would only
+add work. cuDNN takes key padding as per-example lengths, so the real keys
+must be a prefix (right padding, as every task pads); a mask that is not
+one (Pathfinder with data.black_is_padding) turns the output to NaN rather
+than into a silently different attention, and build_model
+(models/classifier.py) refuses that combination before training.
 
 `relative` (set by `model.positions='relative'`, einsum only): the logits
 are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
@@ -42,6 +48,11 @@ FUSED_KERNELS = ('auto', 'xla', 'cudnn')
 HALF = (jnp.bfloat16, jnp.float16)
 
 
+def cudnn_head_dim(head_dim):
+  """Dp: the head dim cuDNN runs, D rounded up to a multiple of 8."""
+  return -(-head_dim // 8) * 8
+
+
 def fused_kernel_for(requested, dtype, head_dim, backend=None):
   """'cudnn' or 'xla': the kernel the fused path asks for (module doc)."""
   if requested not in FUSED_KERNELS:
@@ -55,8 +66,8 @@ def fused_kernel_for(requested, dtype, head_dim, backend=None):
     why_not = f'it needs an NVIDIA GPU (this backend is {backend})'
   elif jnp.dtype(dtype) not in [jnp.dtype(h) for h in HALF]:
     why_not = f'it needs bfloat16 or float16 compute (this is {dtype})'
-  elif head_dim % 8 or head_dim > 128:
-    why_not = f'it needs a head dim <= 128 divisible by 8 (this is {head_dim})'
+  elif cudnn_head_dim(head_dim) > 128:
+    why_not = f'it needs a head dim <= 128 (this is {head_dim})'
   if requested == 'cudnn' and why_not:
     raise UserError(
       f'fused_kernel=cudnn cannot run here: {why_not}; use '
@@ -177,13 +188,12 @@ class SoftmaxAttention(AttentionCore):
       prefix_B = jnp.all(
         real_BxM == (positions_M[None, :] < lengths_B[:, None]), axis=-1
       )
-    out_BxLxHxD = even_length_attention(
+    out_BxLxHxD = cudnn_attention(
       q_BxLxHxD,
       k_BxMxHxD,
       v_BxMxHxD,
       lengths_B,
       causal=mask.causal,
-      scale=self.scale,
       implementation='cudnn',
     )
     if prefix_B is not None:
@@ -191,6 +201,39 @@ class SoftmaxAttention(AttentionCore):
         prefix_B[:, None, None, None], out_BxLxHxD, jnp.nan
       )
     return out_BxLxHxD
+
+
+def cudnn_attention(
+  q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, lengths_B, *, causal, implementation
+):
+  """Softmax attention in the shapes cuDNN runs; exact for any D <= 128.
+
+  q, k and v are zero-padded along D to Dp (`cudnn_head_dim`) and the scale
+  is 1/sqrt(D) of the true D: a zero column of q and k adds nothing to any
+  q.k, a zero column of v is a zero column of the output, which is cut
+  (the gradients of the real columns are untouched; those of the pad are
+  zero and dropped by the pad's transpose). Sequence lengths as in
+  `even_length_attention`. `implementation='xla'` takes the same arguments
+  on any backend: that is how the tests check it without a GPU.
+  """
+  d = q_BxLxHxD.shape[-1]
+  extra = cudnn_head_dim(d) - d
+
+  def pad(x_BxNxHxD):
+    if not extra:
+      return x_BxNxHxD
+    return jnp.pad(x_BxNxHxD, ((0, 0), (0, 0), (0, 0), (0, extra)))
+
+  out_BxLxHxDp = even_length_attention(
+    pad(q_BxLxHxD),
+    pad(k_BxMxHxD),
+    pad(v_BxMxHxD),
+    lengths_B,
+    causal=causal,
+    scale=d**-0.5,
+    implementation=implementation,
+  )
+  return out_BxLxHxDp[..., :d]
 
 
 def even_length_attention(

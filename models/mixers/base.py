@@ -22,8 +22,9 @@ configured through `model.attention` like every core
 """
 
 from flax import nnx
-import jax
 import jax.numpy as jnp
+
+from models.attention import base as attention_base
 
 
 class SequenceMixer(nnx.Module):
@@ -87,8 +88,6 @@ def reverse_real(x_BxLxE, mask):
 
 
 def dropout(x, rate, key):
-  """Inverted dropout; identity when key is None or rate is 0."""
-  if key is None or rate == 0.0:
-    return x
-  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+  """Inverted dropout: the attention cores' one (models/attention/base.py,
+  its keep-mask rule per backend); identity when key is None or rate is 0."""
+  return attention_base.dropout(x, rate, key)
