@@ -1,0 +1,263 @@
+"""mamba: chunked scan = unchunked = a float64 step loop; init; padding."""
+
+import math
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra.errors import UserError
+from models.attention import Mask
+from models.attention.memory import compiled_memory
+from models.attention.registry import get_core_class
+import models.mixers.mamba  # noqa: F401 (registers 'mamba')
+from models.mixers.mamba import Mamba, selective_scan
+
+B, E, N = 2, 8, 4
+# Read by tests/test_mixer_suite.py: small, fast options for its runs.
+SUITE = dict(opts={'state_size': 4, 'chunk_size': 16})
+
+
+def make(seed=0, dtype=jnp.float32, emb_dim=E, **opts):
+  opts.setdefault('state_size', N)
+  return Mamba(
+    emb_dim=emb_dim,
+    num_heads=2,
+    max_length=128,
+    dropout_rate=0.0,
+    dtype=dtype,
+    rngs=nnx.Rngs(seed),
+    **opts,
+  )
+
+
+def normal(seed, *shape):
+  """float32 normal numbers (numpy: eager jax draws compile per shape)."""
+  return np.random.default_rng(seed).standard_normal(shape, np.float32)
+
+
+def inputs(length, seed=0, batch=B):
+  return normal(seed, batch, length, E)
+
+
+def padding(lengths, length):
+  return np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+
+
+def runner(mixer, causal):
+  """jit(x, pad -> y); one compiled program per shape."""
+  return jax.jit(lambda x, pad: mixer(x, Mask(pad, causal))[0])
+
+
+def f64(t):
+  return np.asarray(t, np.float64)
+
+
+def softplus(t):
+  return np.logaddexp(0.0, t)
+
+
+def silu(t):
+  return t / (1 + np.exp(-t))
+
+
+def direction_loop(p, x, real):
+  """One direction written out step by step in float64 numpy:
+  conv, SiLU, dt/B/C, h_t = exp(dt A) h + dt B x, y = C . h + D x."""
+  w, bias = f64(p.conv_KxI[...]), f64(p.conv_bias_I[...])
+  k = w.shape[0]
+  b, length, inner = x.shape
+  conv = np.tile(bias, (b, length, 1))
+  for t in range(length):
+    for j in range(k):
+      s = t - k + 1 + j
+      if s >= 0:
+        conv[:, t] += w[j] * x[:, s]
+  u = silu(conv) * real[..., None]
+  dbl = u @ f64(p.x_proj.kernel[...])
+  r, n = p.rank, p.state
+  dt = softplus(dbl[..., :r] @ f64(p.dt_proj.kernel[...]) + f64(p.dt_bias_I))
+  dt = dt * real[..., None]
+  bm, cm = dbl[..., r : r + n], dbl[..., r + n :]
+  a = -np.exp(f64(p.a_log_IxN[...]))
+  h = np.zeros((b, inner, n))
+  y = np.zeros((b, length, inner))
+  for t in range(length):
+    h = np.exp(dt[:, t, :, None] * a) * h
+    h = h + (dt[:, t] * u[:, t])[..., None] * bm[:, t, None, :]
+    y[:, t] = np.einsum('bin,bn->bi', h, cm[:, t])
+  return y + f64(p.d_I[...]) * u
+
+
+def reference(m, x, pad, causal):
+  """The whole mixer in float64 numpy from the module's own parameters."""
+  x = f64(x)
+  b, length, _ = x.shape
+  real = np.ones((b, length)) if pad is None else f64(pad)
+  xz = (x * real[..., None]) @ f64(m.in_proj.kernel[...])
+  xs, z = xz[..., : m.inner] * real[..., None], xz[..., m.inner :]
+  y = direction_loop(m.fwd, xs, real)
+  if not causal:
+    y = y + direction_loop(m.bwd, xs[:, ::-1], real[:, ::-1])[:, ::-1]
+  return (y * silu(z)) @ f64(m.out_proj.kernel[...]) * real[..., None]
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('length,chunk', [(37, 8), (100, 64)])
+def test_chunked_scan_equals_step_loop(length, chunk, causal):
+  m = make(chunk_size=chunk)
+  x = inputs(length, seed=1)
+  pad = padding([length, 20], length)
+  got = f64(runner(m, causal)(x, pad))
+  ref = reference(m, x, pad, causal)
+  scale = np.abs(ref).max()
+  assert scale > 1e-2
+  np.testing.assert_allclose(got, ref, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize('length,chunk', [(37, 8), (100, 64)])
+def test_chunked_scan_equals_unchunked(length, chunk):
+  """selective_scan in chunks = one associative scan over L (and the loop),
+  with identity steps (dt = 0) inside, as padding gives."""
+  b, inner, n = 2, 6, 5
+  u = normal(1, b, length, inner)
+  dt = np.logaddexp(0, normal(2, b, length, inner) - 2)
+  dt = dt * (np.arange(length) % 5 != 3)[None, :, None]
+  bm, cm = normal(3, 2, b, length, n)
+  a = -np.exp(normal(4, inner, n))
+  both = jax.jit(lambda *t: [selective_scan(*t, c) for c in (chunk, length)])
+  got, whole = map(f64, both(u, dt, a, bm, cm))
+  np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
+  u, dt, a, bm, cm = map(f64, (u, dt, a, bm, cm))
+  h = np.zeros((b, inner, n))
+  for t in range(length):
+    h = np.exp(dt[:, t, :, None] * a) * h
+    h = h + (dt[:, t] * u[:, t])[..., None] * bm[:, t, None, :]
+    ref_t = np.einsum('bin,bn->bi', h, cm[:, t])
+    np.testing.assert_allclose(got[:, t], ref_t, rtol=1e-5, atol=1e-5)
+
+
+def test_initialisation():
+  m = make(state_size=16)
+  assert m.fwd.rank == math.ceil(E / 16) == 1 and m.inner == 2 * E
+  for p in (m.fwd, m.bwd):
+    a = -np.exp(f64(p.a_log_IxN[...]))
+    np.testing.assert_allclose(
+      a, -np.broadcast_to(np.arange(1, 17), (2 * E, 16))
+    )
+    np.testing.assert_array_equal(f64(p.d_I[...]), 1.0)
+    dt = softplus(f64(p.dt_bias_I[...]))
+    assert dt.min() >= 0.001 * (1 - 1e-5) and dt.max() <= 0.1 * (1 + 1e-5)
+    # log-uniform over the range: both decades are hit.
+    assert dt.min() < 0.004 and dt.max() > 0.03
+    bound = 1.0  # R^-1/2, R = 1
+    w = f64(p.dt_proj.kernel[...])
+    assert np.abs(w).max() <= bound and w.min() < 0 < w.max()
+  assert m.state_size() == 2 * E * (16 + 4 - 1)
+  assert not np.allclose(f64(m.fwd.dt_bias_I), f64(m.bwd.dt_bias_I))
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_padding_is_invisible(causal):
+  length, short = 24, 13
+  m = make(chunk_size=8)
+  run = runner(m, causal)
+  x = inputs(length, seed=2)
+  pad = padding([length, short], length)
+  out = f64(run(x, pad))
+  # Any padded content: same real outputs.
+  noise = 30 * normal(3, *x.shape)
+  out2 = f64(run(np.where(pad[..., None], x, noise), pad))
+  np.testing.assert_allclose(out2, out, atol=1e-6)
+  # The padded example's real outputs are those of its tokens alone
+  # (the loop without padding).
+  alone = reference(m, x[1:, :short], None, causal)
+  np.testing.assert_allclose(out[1, :short], alone[0], atol=1e-5)
+  np.testing.assert_array_equal(out[1, short:], 0.0)
+  # An example with no real token gives zeros, with finite gradients.
+  empty = padding([length, 0], length)
+  out = f64(run(x, empty))
+  np.testing.assert_array_equal(out[1], 0.0)
+  if causal:  # the bidirectional program covers both directions
+    return
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(run(x, empty) ** 2)))(x)
+  assert np.isfinite(np.asarray(grad)).all()
+  np.testing.assert_array_equal(np.asarray(grad)[1], 0.0)
+  assert np.abs(np.asarray(grad)[0]).sum() > 0
+
+
+def test_causal_by_gradient():
+  length = 37
+  m = make(chunk_size=8)
+  x = inputs(length, seed=4)
+  pad = padding([length, 30], length)
+  ts = (0, 7, 8, 20, 36)
+
+  @jax.jit
+  def time_gradients(x):
+    out, pull = jax.vjp(lambda x: m(x, Mask(pad, True))[0], x)
+    onehot_TxL = jax.nn.one_hot(jnp.asarray(ts), length)
+    cts = onehot_TxL[:, None, :, None] * jnp.ones_like(out)[None]
+    (g_TxBxLxE,) = jax.vmap(pull)(cts)
+    return jnp.abs(g_TxBxLxE[:, 0]).sum(-1)  # example 0, no padding
+
+  g_TxL = np.asarray(time_gradients(x))
+  for row, t in zip(g_TxL, ts):
+    assert (row[t + 1 :] == 0).all(), t  # nothing after t
+    assert (row[: t + 1] > 0).all(), t  # every earlier token
+
+
+def test_bfloat16_and_jit():
+  length = 37
+  x = inputs(length, seed=5)
+  pad = padding([length, 20], length)
+  ref = f64(runner(make(chunk_size=8), False)(x, pad))
+  m = make(chunk_size=8, dtype=jnp.bfloat16)
+  graphdef, state = nnx.split(m)
+
+  @jax.jit
+  def f(state, x, pad):
+    return nnx.merge(graphdef, state)(x, Mask(pad, False))[0]
+
+  out = f(state, x.astype(jnp.bfloat16), pad)
+  assert out.dtype == jnp.bfloat16
+  out = f64(out)
+  assert np.isfinite(out).all()
+  np.testing.assert_allclose(out, ref, atol=0.05 * np.abs(ref).max())
+
+
+def test_chunked_memory_is_smaller():
+  """XLA's temp bytes of forward + backward at L = 512: chunks of 64 keep
+  [B, 64, I, N] states at a time, one scan over 512 keeps [B, 512, I, N]."""
+  length = 512
+
+  def temp(chunk):
+    graphdef, state = nnx.split(make(state_size=16, chunk_size=chunk))
+
+    def loss(x, state):
+      return jnp.sum(nnx.merge(graphdef, state)(x, Mask(None, True))[0])
+
+    x = jax.ShapeDtypeStruct((1, length, E), jnp.float32)
+    step = jax.jit(jax.grad(loss))  # w.r.t. x: the whole backward scan
+    return compiled_memory(step.lower(x, state).compile())['temp']
+
+  chunked, whole = temp(64), temp(length)
+  print(f'mamba temp bytes at L={length}: chunked {chunked}, whole {whole}')
+  assert chunked < whole / 2
+
+
+def test_options_and_registry():
+  assert get_core_class('mamba') is Mamba
+  assert Mamba.is_mixer and Mamba.supports_causal
+  bad = (
+    {'expand': 0},
+    {'state_size': 1.5},
+    {'chunk_size': 0},
+    {'dt_min': 'small'},
+    {'dt_min': 0.5, 'dt_max': 0.1},
+  )
+  for opts in bad:
+    with pytest.raises(UserError, match='mamba'):
+      make(**opts)
