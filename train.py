@@ -35,11 +35,13 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 from absl import app, flags, logging
 from flax import nnx
 import jax
-from ml_collections import config_flags
+from ml_collections import ConfigDict, config_flags
+import numpy as np
 
 from configs import base as base_config
 from lra import (
@@ -65,7 +67,9 @@ from models.embeddings import fit_for_fine_tune
 
 
 # ---------------------------------------------------------------- model
-def create_state(config, task, replicated):
+def create_state(
+  config: ConfigDict, task: tasks.Task, replicated
+) -> tuple[nnx.GraphDef, nnx.State]:
   """Model + optimizer -> (graphdef, replicated state)."""
   model = build_model(config, task)
   optimizer = nnx.Optimizer(model, steps.make_optimizer(config), wrt=nnx.Param)
@@ -73,7 +77,9 @@ def create_state(config, task, replicated):
   return graphdef, jax.device_put(state, replicated)
 
 
-def init_from(config, state):
+def init_from(
+  config: ConfigDict, state: nnx.State
+) -> tuple[nnx.State, int | None]:
   """(state whose encoder is config.init_from's, the step read), or
   (state, None) without init_from (lra/pretrained.py). The learned position
   table is extended by copying (Longformer) when this run is longer (the
@@ -90,7 +96,13 @@ def init_from(config, state):
   )
 
 
-def at_length(config, task, replicated, state, max_length):
+def at_length(
+  config: ConfigDict,
+  task: tasks.Task,
+  replicated,
+  state: nnx.State,
+  max_length: int,
+) -> tuple[nnx.GraphDef, nnx.State]:
   """(graphdef, state) of the same model built for `max_length`, with the
   parameters of `state` (eval.py --max_length): a learned position table is
   extended by copying its rows (Longformer); the optimizer state is fresh."""
@@ -112,12 +124,14 @@ def at_length(config, task, replicated, state, max_length):
 NO_BEST = {'step': None, 'accuracy': -1.0, 'val': None}
 
 
-def warn(message):
+def warn(message: str) -> None:
   if processes.is_primary():
     print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
-def resume_state(ckpt, state):
+def resume_state(
+  ckpt: Checkpoints, state: nnx.State
+) -> tuple[int, nnx.State, dict]:
   """(step, state, best) from the newest readable checkpoint: a corrupt or
   partial save is moved to checkpoints/unreadable/ with a warning and the
   next older one (latest, then best) is tried; (0, state, no best) when none
@@ -147,7 +161,9 @@ def resume_state(ckpt, state):
   return 0, state, no_best
 
 
-def check_best(ckpt, state, best, no_best, start):
+def check_best(
+  ckpt: Checkpoints, state: nnx.State, best: dict, no_best: dict, start: int
+) -> dict:
   """`best`, or `no_best` with a warning when its checkpoint is unreadable
   or gone."""
   saved = ckpt.all_steps('best')
@@ -169,7 +185,7 @@ def check_best(ckpt, state, best, no_best, start):
   return no_best
 
 
-def check_inputs(config, workdir):
+def check_inputs(config: ConfigDict, workdir: str) -> str:
   """Everything the user can get wrong, checked before the workdir exists;
   returns the model selection (lra/metrics.py)."""
   validate.check_config(config)
@@ -182,7 +198,9 @@ def check_inputs(config, workdir):
   return select
 
 
-def restore_or_init(config, workdir, state, changes):
+def restore_or_init(
+  config: ConfigDict, workdir: str, state: nnx.State, changes: dict
+) -> tuple[int, nnx.State, dict, int | None, dict, Checkpoints]:
   """(start, state, best, init_step, changes, ckpt): the newest readable
   checkpoint of `workdir`, or step 0 with config.init_from's encoder (a
   fresh run reads init_from before the workdir exists, so a bad one is one
@@ -202,7 +220,13 @@ def restore_or_init(config, workdir, state, changes):
   return start, state, best, init_step, changes if start else {}, ckpt
 
 
-def open_log(config, workdir, start, init_step, changes):
+def open_log(
+  config: ConfigDict,
+  workdir: str,
+  start: int,
+  init_step: int | None,
+  changes: dict,
+) -> MetricsLog:
   """config.json and the metrics.jsonl log of a starting or resumed run,
   with its 'config' rows (init_from, resume changes) and their messages.
   Every process has read the workdir by now; from here on process 0 alone
@@ -238,7 +262,9 @@ def open_log(config, workdir, start, init_step, changes):
   return log
 
 
-def training_batch(config, task, data, stages, step):
+def training_batch(
+  config: ConfigDict, task: tasks.Task, data: dict, stages: list, step: int
+) -> dict[str, np.ndarray]:
   """The host's rows of the batch of 0-based `step`: a stateless draw of
   (seed, step) (lra/batching.py), cropped by the length curriculum
   (Shortformer's: a crop of the same rows) and turned into an LM
@@ -311,7 +337,7 @@ def stop_requests():
       signal.signal(s, handler)
 
 
-def save_due(config, step, last_save_s):
+def save_due(config: ConfigDict, step: int, last_save_s: float) -> bool:
   """Whether wall time asks for a checkpoint at `step`
   (config.checkpoint_every_minutes; 0: steps only). Decided at log steps
   only, by process 0 for all of them in a multi-process run (a save is
@@ -323,7 +349,11 @@ def save_due(config, step, last_save_s):
   return processes.agree(due)
 
 
-def train_and_evaluate(config, workdir, on_step=None):
+def train_and_evaluate(
+  config: ConfigDict,
+  workdir: str,
+  on_step: Callable[[int], None] | None = None,
+) -> dict:
   """Trains, validates and tests one run in `workdir` (resuming it when it
   has checkpoints); returns results.json's contents. on_step(step), when
   given, is called after each step (tests: a kill at a chosen step)."""
@@ -470,9 +500,7 @@ def test_splits(config, task, shardings, eval_step, state):
     run_config, run_step, run_state = config, eval_step, state
     if length > config.max_length:
       try:
-        graphdef, run_state = at_length(
-          config, task, replicated, state, length
-        )
+        graphdef, run_state = at_length(config, task, replicated, state, length)
       except UserError as e:
         warn(f'test split {name} not evaluated: {e}')
         out[name] = {'error': str(e)}
@@ -487,7 +515,9 @@ def test_splits(config, task, shardings, eval_step, state):
   return out
 
 
-def non_finite_error(e, config, workdir, last_good):
+def non_finite_error(
+  e: NonFiniteLoss, config: ConfigDict, workdir: str, last_good: int
+) -> UserError:
   """The one sentence for a NonFiniteLoss: where the last good checkpoint
   is and the command that resumes from it with a lower learning rate."""
   lower = f'{config.learning_rate / 10:g}'
@@ -561,7 +591,7 @@ def summary(config, best, test, last_step, test_last, select):
   )
 
 
-def where_results(workdir, tensorboard):
+def where_results(workdir: str, tensorboard: bool) -> str:
   """The final line: where the results, the curves and the TensorBoard
   scalars of a run are."""
   line = (
@@ -595,7 +625,7 @@ def define_flags():
   )
 
 
-def kill_after(stop_after):
+def kill_after(stop_after: int | None) -> Callable[[int], None] | None:
   """The --stop_after_steps test hook: a callback that ends the process
   abruptly (status 3, no save) after that step, as a kill would."""
   if stop_after is None:
