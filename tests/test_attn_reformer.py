@@ -1,6 +1,7 @@
 """Reformer LSH attention: exact limit, chunked pattern, hashing, randomness."""
 
 import attention_oracle as ao
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from lra.errors import UserError
 from models.attention.memory import core_memory_bytes
-import models.attention.reformer  # noqa: F401
+from models.attention.reformer import ReformerAttention
 
 H, D = 2, 8
 L = 37  # not a multiple of 8: the core pads to 40 (five chunks of 8)
@@ -80,50 +81,76 @@ def test_exact_limit_one_bucket_one_chunk(causal):
     np.testing.assert_allclose(out[:, 0], v[:, 0], atol=1e-6)
 
 
-def chunked_reference(core, q, v, pad, causal):
-  """Dense float64 oracle of the sorted, chunked, multi-round pattern.
+def round_patterns(core, q, pad, causal, buckets=None):
+  """bool [R, B, H, L, L]: the pairs each round attends (dense, numpy).
 
-  Re-does the sort and chunk layout in numpy from the core's buckets, builds
-  each round's [B, H, L, L] pattern (same bucket, key in the query's chunk or
-  the one before it, wrapping round), applies the self rule as the paper's
-  -1e5 self logit, and combines the rounds by softmax of their log-sum-exp.
+  Re-does the sort and chunk layout in numpy from the core's buckets (or
+  `buckets` [B, H, R, L]): same bucket, key in the query's chunk or the one
+  before it (wrapping round), key not padded, causal.
   """
-  b, length, h, d = q.shape
-  buckets = np.asarray(core.hash_buckets(q, core.rotation_key(None)))
+  b, length, h, _ = q.shape
+  if buckets is None:
+    buckets = np.asarray(core.hash_buckets(q, core.rotation_key(None)))
+  num_buckets = core.buckets_for(length)
   c = min(core.chunk_size, length)
   padded = -(-length // c) * c
   n = padded // c
   valid = np.zeros((b, padded), bool)
-  valid[:, :length] = np.asarray(pad)
-  qn, kn, vn = (np.asarray(t, np.float64) for t in (q, unit(q), v))
-  outs, lses = [], []
+  valid[:, :length] = True if pad is None else np.asarray(pad)
+  rounds = np.zeros((core.num_hashes, b, h, length, length), bool)
   for r in range(core.num_hashes):
-    allowed = np.zeros((b, h, length, length), bool)
     for bi in range(b):
       for hi in range(h):
         # Padded tokens sort last (by position) but keep their bucket.
         bucket = buckets[bi, hi, r]
-        sort_bucket = np.full(padded, core.num_buckets)
+        sort_bucket = np.full(padded, num_buckets)
         sort_bucket[:length] = bucket
-        sort_bucket[~valid[bi]] = core.num_buckets
+        sort_bucket[~valid[bi]] = num_buckets
         order = np.lexsort((np.arange(padded), sort_bucket))
         chunk = np.empty(padded, int)
         chunk[order] = np.arange(padded) // c
         ci, cj = chunk[:length, None], chunk[None, :length]
         near = (cj == ci) | (cj == (ci - 1) % n)
         same = bucket[:, None] == bucket[None, :]
-        allowed[bi, hi] = near & same & valid[bi, None, :length]
-    if causal:
-      allowed &= np.tril(np.ones((length, length), bool))
-    s = np.einsum('blhd,bmhd->bhlm', qn, kn) / np.sqrt(d)
-    s = s - 1e5 * np.eye(length)
+        rounds[r, bi, hi] = near & same & valid[bi, None, :length]
+  if causal:
+    rounds &= np.tril(np.ones((length, length), bool))
+  return rounds
+
+
+def union_reference(core, q, v, pad, causal, buckets=None):
+  """The paper's multi-round attention, written directly: one softmax over
+  the union of the rounds' pairs (each key once), the self rule as its
+  -1e5 logit (float64)."""
+  union = round_patterns(core, q, pad, causal, buckets).any(0)
+  s = np.einsum(
+    'blhd,bmhd->bhlm', np.asarray(q, np.float64), unit(q)
+  ) / np.sqrt(q.shape[-1])
+  s = np.where(union, s - 1e5 * np.eye(q.shape[1]), -np.inf)
+  top = np.max(s, -1, keepdims=True)
+  w = np.where(union, np.exp(s - np.where(np.isfinite(top), top, 0)), 0)
+  w = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+  return np.einsum('bhlm,bmhd->blhd', w, np.asarray(v, np.float64))
+
+
+def chunked_reference(core, q, v, pad, causal):
+  """Dense float64 oracle of the rounds combined without de-duplication
+  (dedup=False): each round's softmax over its pairs (the self rule as the
+  paper's -1e5 self logit), combined by softmax of their log-sum-exp.
+  """
+  q64, v64 = (np.asarray(t, np.float64) for t in (q, v))
+  d = q.shape[-1]
+  outs, lses = [], []
+  for allowed in round_patterns(core, q, pad, causal):
+    s = np.einsum('blhd,bmhd->bhlm', q64, unit(q)) / np.sqrt(d)
+    s = s - 1e5 * np.eye(q.shape[1])
     s = np.where(allowed, s, -np.inf)
     top = np.max(s, -1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0)
     w = np.where(allowed, np.exp(s - top), 0)
     total = w.sum(-1, keepdims=True)
     outs.append(
-      np.einsum('bhlm,bmhd->blhd', w / np.where(total > 0, total, 1), vn)
+      np.einsum('bhlm,bmhd->blhd', w / np.where(total > 0, total, 1), v64)
     )
     lse = np.where(total > 0, top + np.log(np.where(total > 0, total, 1)), -1e9)
     lses.append(lse[..., 0].transpose(0, 2, 1))  # [B, L, H]
@@ -133,14 +160,84 @@ def chunked_reference(core, q, v, pad, causal):
   return np.einsum('rblh,rblhd->blhd', weight, np.stack(outs))
 
 
+LSH3 = reformer(num_buckets=4, num_hashes=3, chunk_size=8)
+
+
 @pytest.mark.parametrize('causal', [False, True])
-def test_chunked_multi_round_pattern_matches_dense_oracle(causal):
+def test_rounds_attend_to_their_union_each_key_once(causal):
+  """3 rounds against the union softmax; the example has pairs seen in 2
+  and in 3 rounds, which the plain combination weighs 2x and 3x."""
   q, _, v = ao.qkv(1, length=L, heads=H, dim=D)
   pad = ao.padding([L, 29], L)
-  out = run(LSH, q, v, pad, causal)
-  want = chunked_reference(LSH, q, v, pad, causal)
+  out = run(LSH3, q, v, pad, causal)
+  want = union_reference(LSH3, q, v, pad, causal)
   # Padded queries too: they attend to the real keys of their window.
   np.testing.assert_allclose(out, want, atol=1e-5)
+  counts = round_patterns(LSH3, q, pad, causal).sum(0)
+  off_diagonal = counts[..., ~np.eye(L, dtype=bool)]
+  assert (off_diagonal == 2).sum() > 20 and (off_diagonal == 3).sum() > 20
+  plain = chunked_reference(LSH3, q, v, pad, causal)
+  assert np.abs(plain - want).max() > 1e-2
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_dedup_false_is_the_plain_combination(causal):
+  q, _, v = ao.qkv(1, length=L, heads=H, dim=D)
+  pad = ao.padding([L, 29], L)
+  core = reformer(num_buckets=4, num_hashes=2, chunk_size=8, dedup=False)
+  out = run(core, q, v, pad, causal)
+  np.testing.assert_allclose(
+    out, chunked_reference(core, q, v, pad, causal), atol=1e-5
+  )
+
+
+class FixedHashReformer(ReformerAttention):
+  """Reformer whose buckets are given ([H][R][L] nested tuples)."""
+
+  def __init__(self, buckets, **kw):
+    super().__init__(**kw)
+    self.fixed = buckets
+
+  def hash_buckets(self, q_BxLxHxD, key):
+    b = q_BxLxHxD.shape[0]
+    bucket_HxRxL = jnp.asarray(self.fixed, jnp.int32)
+    return jnp.broadcast_to(bucket_HxRxL, (b, *bucket_HxRxL.shape))
+
+
+def test_key_shared_in_two_of_three_rounds_counts_once():
+  """Hand-set buckets, one chunk: token 0 meets token 1 in rounds 0 and 2
+  and token 2 in round 1 only. Its weights are softmax over {1, 2}; the
+  plain combination gives token 1 twice its weight."""
+  buckets = (
+    (
+      (0, 0, 1, 1, 2, 2, 3, 3),
+      (0, 1, 0, 1, 2, 3, 2, 3),
+      (0, 0, 1, 1, 3, 2, 3, 2),
+    ),
+  )
+  q, _, v = ao.qkv(9, batch=1, length=8, heads=1, dim=D)
+  v = jnp.zeros_like(v).at[0, 1, 0, 0].set(1.0).at[0, 2, 0, 1].set(1.0)
+  kw = dict(
+    num_heads=1,
+    head_dim=D,
+    max_length=8,
+    dropout_rate=0.0,
+    dtype=jnp.float32,
+    rngs=nnx.Rngs(0),
+    num_hashes=3,
+    num_buckets=4,
+    chunk_size=8,
+  )
+  s = np.asarray(q, np.float64)[0, 0, 0] @ unit(q)[0, :3, 0].T / np.sqrt(D)
+  for dedup, times in ((True, 1), (False, 2)):
+    core = FixedHashReformer(buckets, dedup=dedup, **kw)
+    out = run(core, q, v)[0, 0, 0, :2]  # weights of tokens 1 and 2
+    e1, e2 = times * np.exp(s[1]), np.exp(s[2])
+    np.testing.assert_allclose(out, [e1 / (e1 + e2), e2 / (e1 + e2)], atol=1e-6)
+  # The same against the union oracle for every token.
+  core = FixedHashReformer(buckets, **kw)
+  want = union_reference(core, q, v, None, False, np.asarray(buckets)[None])
+  np.testing.assert_allclose(run(core, q, v), want, atol=1e-6)
 
 
 def test_angular_hash_properties():
@@ -268,9 +365,10 @@ def test_bfloat16_returns_compute_dtype():
   'opts',
   [
     {'num_buckets': 3},
-    {'num_buckets': 0},
+    {'num_buckets': -2},
     {'num_hashes': 0},
     {'chunk_size': 0},
+    {'dedup': 'yes'},
   ],
 )
 def test_invalid_options_are_user_errors(opts):
@@ -279,7 +377,101 @@ def test_invalid_options_are_user_errors(opts):
 
 
 def test_memory_grows_linearly():
-  opts = {'name': 'reformer', 'chunk_size': 64, 'num_buckets': 32}
+  """The defaults (automatic buckets: 32 at 1K, 128 at 4K) with 2 rounds,
+  de-duplicated: about 4x from 1K to 4K."""
+  opts = {'name': 'reformer', 'chunk_size': 64, 'num_hashes': 2}
   small = core_memory_bytes(opts, 1024)
   large = core_memory_bytes(opts, 4096)
   assert large / small <= 5, (small, large)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+def reformer_reference(q, v, pad, causal):
+  """Softmax over visible j != i of q_i . q_j/|q_j| / sqrt(D); self only
+  when nothing else is visible (Reformer's rule, one bucket, one chunk)."""
+  b, length = q.shape[:2]
+  k = np.asarray(q) / np.linalg.norm(np.asarray(q), axis=-1, keepdims=True)
+  allowed = ao.allowed_mask(ao.full_pattern(length), pad, causal)
+  allowed = np.broadcast_to(allowed, (b, 1, length, length)).copy()
+  eye = np.eye(length, dtype=bool)
+  others = allowed & ~eye
+  alone = ~others.any(-1, keepdims=True) & allowed & eye
+  return ao.dense_reference(q, k, v, others | alone)
+
+
+SUITE = dict(
+  opts={'num_buckets': 4, 'chunk_size': 8},
+  exact={'num_buckets': 1, 'chunk_size': 64},
+  reference=reformer_reference,
+  # bf16 rounding moves tokens near a bucket boundary to another bucket.
+  bf16='exact',
+)
+
+
+def test_automatic_bucket_count_is_two_per_chunk():
+  auto = reformer(chunk_size=64)
+  assert auto.num_buckets == 0  # the default
+  assert [auto.buckets_for(n) for n in (4096, 4097, 1000, 64, 10)] == [
+    128,
+    130,
+    32,
+    2,
+    2,
+  ]
+  assert reformer(num_buckets=10).buckets_for(4096) == 10
+  # The hash uses that many: 2 ceil(37 / 8) = 10 buckets at L = 37.
+  q, _, _ = ao.qkv(10, length=L, heads=H, dim=D)
+  core = reformer(chunk_size=8, num_hashes=2)
+  bucket = np.asarray(core.hash_buckets(q, core.rotation_key(None)))
+  assert bucket.max() == 9 and len(np.unique(bucket)) >= 8
+
+
+def same_bucket_keys_seen(core, q):
+  """Of the key pairs sharing a query's bucket, the fraction in its chunk or
+  the previous one (round 0, every head), from the core's hash."""
+  bucket_HxL = np.asarray(core.hash_buckets(q, core.rotation_key(None)))[0]
+  bucket_HxL = bucket_HxL[:, 0]
+  length, c = bucket_HxL.shape[-1], core.chunk_size
+  n = length // c
+  seen = total = 0
+  for bucket in bucket_HxL:
+    chunk = np.empty(length, int)
+    chunk[np.lexsort((np.arange(length), bucket))] = np.arange(length) // c
+    counts = np.zeros((bucket.max() + 1, n), int)
+    np.add.at(counts, (bucket, chunk), 1)
+    seen += (counts[bucket, chunk] + counts[bucket, (chunk - 1) % n]).sum()
+    total += counts.sum(1)[bucket].sum()
+  return seen / total
+
+
+def test_automatic_buckets_fit_the_window_at_4k():
+  """At 4K, chunk 64: ten buckets of ~410 tokens leave most same-bucket
+  keys out of a query's two chunks; 128 buckets keep most of them."""
+  length = 4096
+  q = ao.qkv(11, batch=1, length=length, heads=2, dim=64)[0]
+
+  def core(num_buckets):
+    return ao.make(
+      {'name': 'reformer', 'num_buckets': num_buckets, 'chunk_size': 64},
+      num_heads=2,
+      head_dim=64,
+      max_length=length,
+    )
+
+  ten, auto = (
+    same_bucket_keys_seen(core(10), q),
+    same_bucket_keys_seen(core(0), q),
+  )
+  assert ten < 0.35 and auto > 0.75, (ten, auto)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_automatic_buckets_several_rounds_match_the_union(causal):
+  q, _, v = ao.qkv(12, length=L, heads=H, dim=D)
+  pad = ao.padding([L, 25], L)
+  core = reformer(chunk_size=8, num_hashes=2)
+  np.testing.assert_allclose(
+    run(core, q, v, pad, causal),
+    union_reference(core, q, v, pad, causal),
+    atol=1e-5,
+  )

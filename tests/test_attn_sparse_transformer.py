@@ -1,6 +1,7 @@
 """Sparse Transformer: strided / fixed / mixed patterns against the oracle."""
 
 import attention_oracle as oracle
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,18 +43,45 @@ def pattern(name, length, heads=H, stride=STRIDE, summary=SUMMARY):
   return np.stack(per_head)
 
 
-def make(name, stride=STRIDE, summary=SUMMARY, heads=H, **kw):
-  return oracle.make(
-    {
-      'name': 'sparse_transformer',
-      'pattern': name,
-      'stride': stride,
-      'summary': summary,
-    },
-    num_heads=heads,
-    head_dim=D,
-    **kw,
+def parts(name, length, stride=STRIDE, summary=SUMMARY):
+  """(A(1), A(2)) of a factorisation, bool[L, L] each (the paper's parts)."""
+  i = np.arange(length)[:, None]
+  j = np.arange(length)[None, :]
+  if name == 'strided':
+    return np.abs(i - j) < stride, (i - j) % stride == 0
+  summaries = np.broadcast_to(
+    j % stride >= stride - summary, i.shape[:1] + j.shape[1:]
   )
+  return i // stride == j // stride, summaries
+
+
+def combined_pattern(name, combine, length, layer_index=0, heads=H, **kw):
+  """bool[H, L, L]: which part each head sees under `combine`."""
+  groups = {
+    'mixed': [('strided', heads // 2), ('fixed', heads - heads // 2)],
+  }.get(name, [(name, heads)])
+  per_head = []
+  for factorisation, count in groups:
+    a1, a2 = parts(factorisation, length, **kw)
+    if combine == 'merged':
+      per_head += [a1 | a2] * count
+    elif combine == 'interleaved':
+      per_head += [a1 if layer_index % 2 == 0 else a2] * count
+    else:
+      per_head += [a1] * (count // 2) + [a2] * (count - count // 2)
+  return np.stack(per_head)
+
+
+def make(name, stride=STRIDE, summary=SUMMARY, heads=H, combine=None, **kw):
+  opts = {
+    'name': 'sparse_transformer',
+    'pattern': name,
+    'stride': stride,
+    'summary': summary,
+  }
+  if combine is not None:
+    opts['combine'] = combine
+  return oracle.make(opts, num_heads=heads, head_dim=D, **kw)
 
 
 @pytest.mark.parametrize('name', ['strided', 'fixed', 'mixed'])
@@ -176,3 +204,149 @@ def test_memory_grows_as_l_sqrt_l(name):
     {'name': 'sparse_transformer', 'pattern': name, 'stride': 64}, 4096
   )
   assert large / small <= 8, (small, large)
+
+
+# The shared suite's settings for this core (tests/test_attention_suite.py).
+SUITE = dict(
+  opts={'pattern': 'mixed', 'stride': 8, 'summary': 3},
+  exact=None,
+  identity='its patterns against the dense oracle, this file',
+  # Rotary (tests/test_positions.py): softmax at stride >= L.
+  rotary_opts={'pattern': 'mixed', 'stride': 64, 'summary': 3},
+)
+
+
+def test_merged_is_the_union_of_the_parts():
+  """The oracle's parts: their union is the merged pattern, neither part
+  alone is (so the combine tests below can fail)."""
+  for name in ('strided', 'fixed'):
+    a1, a2 = parts(name, 64)
+    union = pattern(name, 64, heads=1)[0]
+    np.testing.assert_array_equal(a1 | a2, union)
+    assert (a1 != union).any() and (a2 != union).any() and (a1 != a2).any()
+  np.testing.assert_array_equal(
+    combined_pattern('mixed', 'merged', 37), pattern('mixed', 37)
+  )
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed', 'mixed'])
+@pytest.mark.parametrize(
+  'combine, layer', [('interleaved', 0), ('interleaved', 1), ('heads', 0)]
+)
+@pytest.mark.parametrize('causal', [False, True])
+def test_combine_matches_dense_pattern(name, combine, layer, causal):
+  length = 37
+  core = make(name, combine=combine, layer_index=layer)
+  q, k, v = oracle.qkv(seed=11, length=length, heads=H, dim=D)
+  pad = oracle.padding([length, length - 9], length)
+  out = run(core, q, k, v, pad, causal)
+  allowed = oracle.allowed_mask(
+    combined_pattern(name, combine, length, layer), pad, causal
+  )
+  np.testing.assert_allclose(
+    out, oracle.dense_reference(q, k, v, allowed), atol=1e-5
+  )
+
+
+@pytest.mark.parametrize(
+  'combine, layer', [('interleaved', 4), ('interleaved', 7), ('heads', 1)]
+)
+def test_combine_follows_layer_parity(combine, layer):
+  """Layers 4 and 7 attend like 0 and 1; heads ignores the layer."""
+  length = 30
+  q, k, v = oracle.qkv(seed=12, length=length, heads=H, dim=D)
+  out = run(make('fixed', combine=combine, layer_index=layer), q, k, v)
+  allowed = oracle.allowed_mask(
+    combined_pattern('fixed', combine, length, layer)
+  )
+  np.testing.assert_allclose(
+    out, oracle.dense_reference(q, k, v, allowed), atol=1e-5
+  )
+
+
+def test_fixed_summary_alone_keeps_a_stride_beyond_the_length():
+  """Fixed A(2) with l > L sees j mod l >= l - c that exist (56 .. 59 at
+  l = 64, c = 8, L = 60), not the last c positions of a clamped block;
+  causal, queries before 56 see nothing and output zeros."""
+  length, stride, summary = 60, 64, 8
+  core = make(
+    'fixed',
+    stride=stride,
+    summary=summary,
+    combine='interleaved',
+    layer_index=1,
+  )
+  q, k, v = oracle.qkv(seed=13, length=length, heads=H, dim=D)
+  for causal in (False, True):
+    out = run(core, q, k, v, None, causal)
+    a2 = parts('fixed', length, stride, summary)[1]
+    assert a2.sum() == 4 * length
+    allowed = oracle.allowed_mask(a2, None, causal)
+    np.testing.assert_allclose(
+      out, oracle.dense_reference(q, k, v, allowed), atol=1e-5
+    )
+  np.testing.assert_array_equal(out[:, :56], 0.0)
+
+
+def test_heads_dropout_is_keyed():
+  """One dropout key per head group, drawn from the call's key."""
+  core = make('fixed', combine='heads', dropout_rate=0.5)
+  q, k, v = oracle.qkv(seed=14, length=16, heads=H, dim=D)
+  f = jax.jit(lambda key: core(q, k, v, oracle.Mask(), rngs=key)[0])
+  a, b, c = (np.asarray(f(jax.random.key(s))) for s in (1, 1, 2))
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(a - c).max() > 1e-3
+  # Both groups (heads 0-1: A(1), 2-3: A(2)) are dropped out.
+  plain = run(core, q, k, v)
+  for group in (slice(0, 2), slice(2, 4)):
+    assert np.abs(a[:, :, group] - plain[:, :, group]).max() > 1e-3
+
+
+def test_only_interleaved_depends_on_the_layer():
+  """scan_layers stacks alike cores: merged and heads are alike in every
+  layer; interleaved's even and odd layers differ (its scan is refused)."""
+
+  def graph(combine, layer):
+    return nnx.graphdef(make('mixed', combine=combine, layer_index=layer))
+
+  for combine in ('merged', 'heads'):
+    assert graph(combine, 0) == graph(combine, 1)
+  assert graph('interleaved', 0) == graph('interleaved', 2)
+  assert graph('interleaved', 0) != graph('interleaved', 1)
+
+
+@pytest.mark.parametrize(
+  'opts, word',
+  [
+    ({'combine': 'union'}, 'combine'),
+    ({'combine': 'heads', 'pattern': 'mixed', 'num_heads': 2}, 'heads'),
+    ({'combine': 'heads', 'pattern': 'fixed', 'num_heads': 1}, 'heads'),
+  ],
+)
+def test_bad_combine_is_a_user_error(opts, word):
+  heads = opts.pop('num_heads', H)
+  with pytest.raises(UserError, match=word):
+    oracle.make({'name': 'sparse_transformer', **opts}, num_heads=heads)
+
+
+@pytest.mark.parametrize('name', ['strided', 'fixed'])
+@pytest.mark.parametrize('combine', ['heads', 'interleaved'])
+def test_parts_have_no_quadratic_intermediate(name, combine):
+  length = 1024
+  core = make(name, stride=32, summary=3, heads=2, combine=combine)
+  core_odd = make(
+    name, stride=32, summary=3, heads=2, combine=combine, layer_index=1
+  )
+  q = jax.ShapeDtypeStruct((1, length, 2, D), jnp.float32)
+  pad = jax.ShapeDtypeStruct((1, length), bool)
+  for c in (core, core_odd):
+    jaxpr = jax.make_jaxpr(
+      lambda q, k, v, pad, c=c: c(q, k, v, oracle.Mask(pad, True))
+    )(q, q, q, pad)
+    sizes = [
+      np.prod(var.aval.shape)
+      for eqn in jaxpr.eqns
+      for var in eqn.outvars
+      if hasattr(var.aval, 'shape')
+    ]
+    assert max(sizes) <= length * length // 4, max(sizes)

@@ -12,10 +12,28 @@ stride l and summary width c (positions 0-based):
 
   out_i = softmax_j(q_i k_j / sqrt(D) | i sees j) v
 
-One softmax over the union of a pattern's two parts (the paper's "merged
-head" form of each factorisation; a key in both parts, such as j == i, counts
-once); mixed is the paper's multi-head form. Causal masks add j <= i (the
-paper's autoregressive setting); without one the patterns are bidirectional.
+Each factorisation has two parts (the paper's A(1), A(2)): strided
+A(1) = {j : |i - j| < l}, A(2) = {j : (i - j) mod l == 0}; fixed
+A(1) = {j : floor(j / l) == floor(i / l)}, A(2) = {j : j mod l >= l - c}.
+`combine` is how the paper ("Factorized attention heads") puts the two parts
+together, the three forms it lists:
+
+  merged (default): every head attends to A(1) | A(2), one softmax over the
+    union (a key in both parts, such as j == i, counts once);
+  interleaved: one part per residual block, by the constructor's
+    layer_index: even layers attend to A(1), odd layers to A(2);
+  heads: within each factorisation's heads the first half (H'//2 of its H'
+    heads) attends to A(1), the rest to A(2); the head outputs are
+    concatenated as usual. With mixed, each half (strided, fixed) is split
+    again: four head groups.
+
+The default is merged because that is what the reference LRA harness ran
+(lra_benchmarks/models/sparse_transformer: one dense mask, the logical or of
+the parts' masks) and what this core computed before `combine`.
+Causal masks add j <= i (the paper's autoregressive setting); without one
+the patterns are bidirectional. A query with no visible key (possible in
+A(2) alone: causal fixed A(2) before the first summary position) outputs
+zeros.
 
 Layout, with the sequence padded inside the core to N = ceil(L / l) blocks of
 l positions (the padding masked): strided gathers, per query block, its own
@@ -26,13 +44,19 @@ fixed gathers the own block (l keys) plus the c summary positions of every
 block (N c keys, the same for every query). Time O(L (l + L / l) D) for
 strided and O(L (l + L c / l) D) for fixed; memory O(L (l + L / l)) and
 O(L (l + L c / l)), i.e. O(L sqrt L) when l is about sqrt L. No L x L array
-is built.
+is built. The parts alone cost no more than the union: A(1) alone is the
+band (strided, 3 l or 2 l keys) or the own block (fixed, l keys), A(2) alone
+the residue column (strided, N keys, own block included) or the summary keys
+(fixed, N c keys, the query's own block's included, masked causally by
+position).
 
 The default stride is 64 (= sqrt(4096), the LRA's longest common length), a
 constant, not a function of the input length; set `stride` near sqrt(L) for
 the O(L sqrt L) cost (e.g. 32 at L = 1K). Exact limit: stride >= L makes
-every pattern plain softmax attention (strided sees |i - j| < l everywhere,
-fixed has one block).
+every merged pattern, and A(1) alone, plain softmax attention (strided sees
+|i - j| < l everywhere, fixed has one block); A(2) alone then sees j == i
+only (strided) or the positions l - c .. l - 1 that exist (fixed; none when
+l - c >= L).
 
 Differences: the paper's blocksparse GPU kernels compute the same function
 block by block. Here the gathered logits of a pattern's two parts are
@@ -64,6 +88,10 @@ from models.attention.local import (
 from models.attention.registry import register
 
 PATTERNS = ('strided', 'fixed', 'mixed')
+COMBINES = ('merged', 'interleaved', 'heads')
+# Which part of a factorisation a head group attends to: the union, A(1)
+# alone or A(2) alone.
+UNION, PART1, PART2 = 0, 1, 2
 
 
 def joint_weights(logit_parts, allowed_parts, *, rate, key):
@@ -93,11 +121,14 @@ def _logits(spec, q, k, scale):
   return jnp.einsum(spec, q, k, preferred_element_type=jnp.float32) * scale
 
 
-def other_blocks(n, causal):
+def other_blocks(n, causal, own=False):
   """bool [N, N]: key block m is another block than query block a (and,
-  causal, an earlier one); keys of the own block are counted elsewhere."""
+  causal, an earlier one); keys of the own block are counted elsewhere.
+  own=True: the own block too (m <= a causal, every m otherwise)."""
   a = jnp.arange(n)[:, None]
   m = jnp.arange(n)[None, :]
+  if own:
+    return (m <= a) if causal else jnp.ones((n, n), bool)
   return (m < a) if causal else (m != a)
 
 
@@ -112,13 +143,33 @@ def strided(
   scale,
   rate,
   key,
+  part=UNION,
 ):
-  """|i - j| < l (neighbouring blocks) or (i - j) mod l == 0 (residue)."""
+  """|i - j| < l (neighbouring blocks) or (i - j) mod l == 0 (residue).
+
+  part: UNION (both), PART1 (the band |i - j| < l alone) or PART2 (the
+  residue column alone, j == i included).
+  """
   length = q_BxLxHxD.shape[1]
   n = valid_BxNxC.shape[1]
   q_BxNxCxHxD, k_BxNxCxHxD, v_BxNxCxHxD = (
     to_blocks(t, stride) for t in (q_BxLxHxD, k_BxLxHxD, v_BxLxHxD)
   )
+  dt = v_BxLxHxD.dtype
+  if part == PART2:
+    return from_blocks(
+      residues(
+        q_BxNxCxHxD,
+        k_BxNxCxHxD,
+        v_BxNxCxHxD,
+        valid_BxNxC,
+        causal,
+        scale,
+        rate=rate,
+        key=key,
+      ),
+      length,
+    )
 
   # Band: query block a sees key blocks a - 1, a and, unless causal, a + 1
   # (3 l or 2 l keys), masked to |i - j| < l.
@@ -147,6 +198,14 @@ def strided(
   band_ok_BxNx1xCxK = (
     neighbours(valid_BxNxC, False)[:, :, None, None, :] & near_CxK
   )
+  if part == PART1:
+    (w_band,) = joint_weights(
+      [band_BxNxHxCxK], [band_ok_BxNx1xCxK], rate=rate, key=key
+    )
+    out_BxNxCxHxD = jnp.einsum(
+      'bnhqk,bnkhd->bnqhd', w_band.astype(dt), vb_BxNxKxHxD
+    )
+    return from_blocks(out_BxNxCxHxD, length)
 
   # Column: query (a, r) sees keys (m, r) for every block m except its own
   # (j == i is in the band already); causal: m < a.
@@ -163,11 +222,37 @@ def strided(
     rate=rate,
     key=key,
   )
-  dt = v_BxLxHxD.dtype
   out_BxNxCxHxD = jnp.einsum(
     'bnhqk,bnkhd->bnqhd', w_band.astype(dt), vb_BxNxKxHxD
   ) + jnp.einsum('bnhqm,bmqhd->bnqhd', w_col.astype(dt), v_BxNxCxHxD)
   return from_blocks(out_BxNxCxHxD, length)
+
+
+def residues(
+  q_BxNxCxHxD,
+  k_BxNxCxHxD,
+  v_BxNxCxHxD,
+  valid_BxNxC,
+  causal,
+  scale,
+  *,
+  rate,
+  key,
+):
+  """Strided A(2) alone: query (a, r) sees keys (m, r) of every block m
+  (causal: m <= a), its own position included. -> out [B, N, C, H, D]."""
+  n = valid_BxNxC.shape[1]
+  col_BxNxHxCxN = _logits('bnqhd,bmqhd->bnhqm', q_BxNxCxHxD, k_BxNxCxHxD, scale)
+  col_ok_BxNx1xCxN = (
+    valid_BxNxC.transpose(0, 2, 1)[:, None, None, :, :]
+    & other_blocks(n, causal, own=True)[None, :, None, None, :]
+  )
+  (w_col,) = joint_weights(
+    [col_BxNxHxCxN], [col_ok_BxNx1xCxN], rate=rate, key=key
+  )
+  return jnp.einsum(
+    'bnhqm,bmqhd->bnqhd', w_col.astype(v_BxNxCxHxD.dtype), v_BxNxCxHxD
+  )
 
 
 def fixed(
@@ -182,44 +267,85 @@ def fixed(
   scale,
   rate,
   key,
+  part=UNION,
 ):
-  """Own block or a summary position (j mod l >= l - c) of another block."""
+  """Own block or a summary position (j mod l >= l - c) of another block.
+
+  part: UNION (both), PART1 (the own block alone) or PART2 (the summary
+  positions alone, the own block's included: j <= i when causal).
+  """
   length = q_BxLxHxD.shape[1]
   b, n, _ = valid_BxNxC.shape
   q_BxNxCxHxD, k_BxNxCxHxD, v_BxNxCxHxD = (
     to_blocks(t, stride) for t in (q_BxLxHxD, k_BxLxHxD, v_BxLxHxD)
   )
-  own_BxNxHxCxC = _logits('bnqhd,bnkhd->bnhqk', q_BxNxCxHxD, k_BxNxCxHxD, scale)
-  own_ok_BxNx1xCxC = valid_BxNxC[:, :, None, None, :]
-  if causal:
-    own_ok_BxNx1xCxC = own_ok_BxNx1xCxC & jnp.tril(
-      jnp.ones((stride, stride), bool)
+  logit_parts, ok_parts, value_parts = [], [], []
+  if part != PART2:
+    own_BxNxHxCxC = _logits(
+      'bnqhd,bnkhd->bnhqk', q_BxNxCxHxD, k_BxNxCxHxD, scale
     )
+    own_ok_BxNx1xCxC = valid_BxNxC[:, :, None, None, :]
+    if causal:
+      own_ok_BxNx1xCxC = own_ok_BxNx1xCxC & jnp.tril(
+        jnp.ones((stride, stride), bool)
+      )
+    logit_parts.append(own_BxNxHxCxC)
+    ok_parts.append(own_ok_BxNx1xCxC)
+    value_parts.append(('bnhqk,bnkhd->bnqhd', v_BxNxCxHxD))
 
-  # Summary keys: the last c positions of every block, S = N c keys shared
-  # by all queries; a query skips its own block's (counted in `own`).
-  hd = k_BxNxCxHxD.shape[3:]
-  ks_BxSxHxD = k_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
-  vs_BxSxHxD = v_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
-  sum_BxNxHxCxS = _logits('bnqhd,bshd->bnhqs', q_BxNxCxHxD, ks_BxSxHxD, scale)
-  other_NxN = other_blocks(n, causal)
-  other_NxS = jnp.repeat(other_NxN, summary, axis=1)
-  sum_ok_BxNx1x1xS = (
-    valid_BxNxC[:, :, stride - summary :].reshape(b, 1, 1, 1, -1)
-    & other_NxS[None, :, None, None, :]
-  )
+  if part != PART1:
+    # Summary keys: the last c positions of every block, S = N c keys
+    # shared by all queries. In the union a query skips its own block's
+    # (counted in `own`); alone, causal, it sees those with j <= i.
+    hd = k_BxNxCxHxD.shape[3:]
+    ks_BxSxHxD = k_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
+    vs_BxSxHxD = v_BxNxCxHxD[:, :, stride - summary :].reshape(b, -1, *hd)
+    sum_BxNxHxCxS = _logits('bnqhd,bshd->bnhqs', q_BxNxCxHxD, ks_BxSxHxD, scale)
+    valid_Bx1x1x1xS = valid_BxNxC[:, :, stride - summary :].reshape(
+      b, 1, 1, 1, -1
+    )
+    # sum_ok: [B, N, 1, 1 or C, S] (per query position only when causal).
+    if part == UNION:
+      other_NxS = jnp.repeat(other_blocks(n, causal), summary, axis=1)
+      sum_ok_BxNx1xCxS = valid_Bx1x1x1xS & other_NxS[None, :, None, None, :]
+    elif causal:
+      pos_NxC = jnp.arange(n * stride).reshape(n, stride)
+      pos_S = pos_NxC[:, stride - summary :].reshape(-1)
+      earlier_NxCxS = pos_S[None, None, :] <= pos_NxC[:, :, None]
+      sum_ok_BxNx1xCxS = valid_Bx1x1x1xS & earlier_NxCxS[None, :, None]
+    else:
+      sum_ok_BxNx1xCxS = valid_Bx1x1x1xS
+    logit_parts.append(sum_BxNxHxCxS)
+    ok_parts.append(sum_ok_BxNx1xCxS)
+    value_parts.append(('bnhqs,bshd->bnqhd', vs_BxSxHxD))
 
-  w_own, w_sum = joint_weights(
-    [own_BxNxHxCxC, sum_BxNxHxCxS],
-    [own_ok_BxNx1xCxC, sum_ok_BxNx1x1xS],
-    rate=rate,
-    key=key,
-  )
+  weights = joint_weights(logit_parts, ok_parts, rate=rate, key=key)
   dt = v_BxLxHxD.dtype
-  out_BxNxCxHxD = jnp.einsum(
-    'bnhqk,bnkhd->bnqhd', w_own.astype(dt), v_BxNxCxHxD
-  ) + jnp.einsum('bnhqs,bshd->bnqhd', w_sum.astype(dt), vs_BxSxHxD)
+  out_BxNxCxHxD = sum(
+    jnp.einsum(spec, w.astype(dt), v)
+    for w, (spec, v) in zip(weights, value_parts, strict=True)
+  )
   return from_blocks(out_BxNxCxHxD, length)
+
+
+def head_groups(pattern, combine, heads, layer_index):
+  """[(pattern, part, first head, end head)]: which pattern and part each
+  contiguous group of heads attends to (empty groups left out)."""
+  if pattern == 'mixed':
+    half = heads // 2
+    groups = [('strided', 0, half), ('fixed', half, heads)]
+  else:
+    groups = [(pattern, 0, heads)]
+  plan = []
+  for name, start, end in groups:
+    if combine == 'merged':
+      plan.append((name, UNION, start, end))
+    elif combine == 'interleaved':
+      plan.append((name, PART1 if layer_index % 2 == 0 else PART2, start, end))
+    else:
+      mid = start + (end - start) // 2
+      plan += [(name, PART1, start, mid), (name, PART2, mid, end)]
+  return [g for g in plan if g[3] > g[2]]
 
 
 @register('sparse_transformer')
@@ -240,12 +366,18 @@ class SparseTransformerAttention(AttentionCore):
     pattern='mixed',
     stride=64,
     summary=8,
+    combine='merged',
   ):
-    del num_heads, max_length, rngs, layer_index
+    del max_length, rngs
     if pattern not in PATTERNS:
       raise UserError(
         f'Unknown sparse_transformer pattern {pattern!r}; use one of '
         f'{", ".join(PATTERNS)}.'
+      )
+    if combine not in COMBINES:
+      raise UserError(
+        f'Unknown sparse_transformer combine {combine!r}; use one of '
+        f'{", ".join(COMBINES)} (--config.model.attention.combine).'
       )
     int_option('sparse_transformer', 'stride', stride, 1, 64)
     if not isinstance(summary, int) or not 0 <= summary <= stride:
@@ -253,9 +385,20 @@ class SparseTransformerAttention(AttentionCore):
         f'sparse_transformer summary must be an integer from 0 to the stride '
         f'({stride}), got {summary!r}; set --config.model.attention.summary.'
       )
+    need = 4 if pattern == 'mixed' else 2
+    if combine == 'heads' and num_heads < need:
+      raise UserError(
+        f"sparse_transformer combine='heads' with pattern {pattern!r} needs "
+        f'at least {need} heads (one per part of each factorisation), got '
+        f'{num_heads}; raise --config.model.num_heads or use another combine.'
+      )
     self.pattern = pattern
     self.stride = stride
     self.summary = summary
+    self.combine = combine
+    # Only interleaved depends on the layer (its parity): the other forms
+    # keep every layer's core alike (model.scan_layers stacks them).
+    self.layer_parity = layer_index % 2 if combine == 'interleaved' else 0
     self.dropout_rate = dropout_rate
     self.scale = head_dim**-0.5
     self.dtype = dtype
@@ -266,31 +409,41 @@ class SparseTransformerAttention(AttentionCore):
     del memory
     b, length, h, _ = q_BxLxHxD.shape
     check_self_attention(self, length, k_BxMxHxD.shape[1])
-    # A stride >= L is exact attention for both patterns, as is L itself:
-    # no need to pad a short input up to the stride.
-    stride = min(self.stride, length)
-    summary = min(self.summary, stride)
-    valid_BxNxC = valid_blocks(mask, b, length, stride)
-    kw = dict(scale=self.scale, rate=self.dropout_rate)
-    run_strided = lambda q, k, v, key: strided(  # noqa: E731
-      q, k, v, valid_BxNxC, mask.causal, stride, key=key, **kw
-    )
-    run_fixed = lambda q, k, v, key: fixed(  # noqa: E731
-      q, k, v, valid_BxNxC, mask.causal, stride, summary, key=key, **kw
-    )
-    qkv = (q_BxLxHxD, k_BxMxHxD, v_BxMxHxD)
-    split = h // 2 if self.pattern == 'mixed' else 0
-    if self.pattern == 'strided':
-      out_BxLxHxD = run_strided(*qkv, rngs)
-    elif self.pattern == 'fixed' or split == 0:
-      out_BxLxHxD = run_fixed(*qkv, rngs)
+    groups = head_groups(self.pattern, self.combine, h, self.layer_parity)
+    if rngs is None:
+      keys = [None] * len(groups)
+    elif len(groups) == 1:
+      keys = [rngs]
     else:
-      keys = [None, None] if rngs is None else list(jax.random.split(rngs))
-      out_BxLxHxD = jnp.concatenate(
-        [
-          run_strided(*(t[:, :, :split] for t in qkv), keys[0]),
-          run_fixed(*(t[:, :, split:] for t in qkv), keys[1]),
-        ],
-        axis=2,
-      )
+      keys = list(jax.random.split(rngs, len(groups)))
+    kw = dict(scale=self.scale, rate=self.dropout_rate)
+    outs = []  # one [B, L, H, D] per head group (H: its heads)
+    for (name, part, start, end), key in zip(groups, keys, strict=True):
+      # A stride >= L is exact attention for the union and for A(1), as is
+      # L itself, and leaves strided A(2) at j == i: no need to pad a short
+      # input up to the stride. Fixed A(2) alone depends on the stride (its
+      # summary positions l - c .. l - 1): kept.
+      stride = self.stride
+      if not (name == 'fixed' and part == PART2):
+        stride = min(stride, length)
+      summary = min(self.summary, stride)
+      valid_BxNxC = valid_blocks(mask, b, length, stride)
+      qkv = (t[:, :, start:end] for t in (q_BxLxHxD, k_BxMxHxD, v_BxMxHxD))
+      if name == 'strided':
+        part_BxLxHxD = strided(
+          *qkv, valid_BxNxC, mask.causal, stride, part=part, key=key, **kw
+        )
+      else:
+        part_BxLxHxD = fixed(
+          *qkv,
+          valid_BxNxC,
+          mask.causal,
+          stride,
+          summary,
+          part=part,
+          key=key,
+          **kw,
+        )
+      outs.append(part_BxLxHxD)
+    out_BxLxHxD = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
     return out_BxLxHxD.astype(self.dtype), {}
