@@ -138,9 +138,15 @@ def _shapes(config, task):
 
   model = nnx.eval_shape(lambda: build_model(config, task))
   leaves = jax.tree_util.tree_leaves_with_path(nnx.state(model))
-  return {
-    jax.tree_util.keystr(p): (tuple(x.shape), str(x.dtype)) for p, x in leaves
-  }
+
+  def dotted(path):
+    keys = [
+      str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+      for k in path
+    ]
+    return '.'.join(keys[:-1] if keys[-1:] == ['value'] else keys)
+
+  return {dotted(p): (tuple(x.shape), str(x.dtype)) for p, x in leaves}
 
 
 def _shape_change(before, after):

@@ -1,162 +1,310 @@
-"""Model names -> attention defaults, and per-(task, model) tuned overrides.
+"""Model names -> `model.attention` blocks, filled with every core option.
 
-One place maps a model name to its attention core; task files call
-`apply_model`. Attention options are the registry's constructor arguments
-(models/attention/registry.py).
+A model name is a registered core's name (models/attention/<name>.py or
+models/mixers/<name>.py: the registry finds it, models/attention/
+registry.py) with that core's defaults, unless MODELS below lists it as an
+exception. `apply_model` (called by every task file) sets
+`config.model.attention` to EVERY option of the core with its constructor
+default (registry.options_of), then the model's MODELS entry, then
+MODEL_SETTINGS, then the task's tuned MODEL_OVERRIDES (keyed dicts in the
+task files: configs/image.py, configs/pathfinder.py). So any option of any
+core can be set with --config.model.attention.<option>=<value>, an unknown
+one stops with one sentence naming the core's options and their defaults,
+and config.json records the effective options.
+
+Option types follow the constructor: an option annotated with several
+types (`window: int | str = 512`) or defaulting to None takes any of them
+from the command line (`=8` is the int 8, `=8,16,32` the string; `=None`
+where None is allowed); a plain default's type is kept (booleans `=True`,
+`=False`).
 """
 
-import ml_collections
+import inspect
+import re
+import types
+import typing
 
-# Registry key -> `model.attention` block (core name + its options).
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+
+from errors import UserError
+from models.attention import registry
+
+# The exceptions: model name -> `model.attention` entries over its core's
+# defaults. Every other registered core is a model of the same name.
 MODELS = {
   # The exact softmax attention as LRA measured it: einsum, explicit L x L.
   'transformer': {'name': 'softmax', 'implementation': 'einsum'},
   # The same function through jax.nn.dot_product_attention. fused_kernel
   # 'auto' asks for cuDNN flash attention on an NVIDIA GPU in bfloat16
   # (--config.dtype=bfloat16), else XLA ('xla', 'cudnn': force one;
-  # models/attention/softmax.py). It has no attention dropout.
+  # models/attention/softmax.py). It has no attention dropout
+  # (MODEL_SETTINGS).
   'transformer_fused': {
     'name': 'softmax',
     'implementation': 'fused',
     'fused_kernel': 'auto',
   },
-  # Efficient attentions (models/attention/<name>.py); each model name is its
-  # core's name, with the reference harness's default options.
-  'local': {'name': 'local', 'block_size': 50},
-  'sparse_transformer': {'name': 'sparse_transformer'},
-  'longformer': {'name': 'longformer'},
-  'bigbird': {'name': 'bigbird'},
-  'sinkhorn': {'name': 'sinkhorn'},
-  'synthesizer': {'name': 'synthesizer'},
-  'linformer': {'name': 'linformer'},
-  'linear_transformer': {'name': 'linear_transformer'},
-  'performer': {'name': 'performer'},
-  'reformer': {'name': 'reformer'},
-  # Segment recurrence (models/recurrent.py, model.segment_length): memory of
-  # the previous segment (Transformer-XL), plus a compressed older memory
-  # (Compressive Transformer). Both use relative positions (MODEL_SETTINGS).
-  # Their options are listed so that flags can set them; 0 lengths mean the
-  # defaults (memory = segment length, compressed memory = memory).
-  'transformer_xl': {
-    'name': 'transformer_xl',
-    'memory_length': 0,
-    'causal': False,
-  },
-  'compressive_transformer': {
-    'name': 'compressive_transformer',
-    'memory_length': 0,
-    'causal': False,
-    'compressed_length': 0,
-    'compression_rate': 3,
-    'compression': 'conv1d',
-    'aux_loss_weight': 1.0,
-  },
+}
+# Registered cores that are not model names, and why.
+NOT_MODELS = {
+  # Its models are transformer (einsum) and transformer_fused.
+  'softmax': 'the core of the transformer and transformer_fused models',
+  # benchmark.py's --ceiling (out = v, no token mixing): never trained.
+  'none': "benchmark.py's --ceiling row, not a model",
 }
 
 # Model -> flattened settings outside `model.attention` that the model
 # implies, applied before the task's tuned overrides and the presets.
 MODEL_SETTINGS = {
+  'transformer_fused': {'model.attention_dropout_rate': 0.0},
+  # Segment recurrence (models/recurrent.py, model.segment_length): memory
+  # of the previous segment (Transformer-XL), plus a compressed older memory
+  # (Compressive Transformer), both with relative positions. Their 0 lengths
+  # mean the defaults (memory = segment length, compressed memory = memory).
   'transformer_xl': {'model.positions': 'relative'},
   'compressive_transformer': {'model.positions': 'relative'},
 }
 
-# (task, model) -> flattened overrides, the reference harness's per-model
-# tuning (lra/reference/lra_configs.md). Applied after the task's
-# reference values, before presets.
-TASK_OVERRIDES = {}
-
-
-def _table(task, rows, keys, extra=None):
-  for model, values in rows.items():
-    entry = dict(zip(keys, values))
-    entry.update((extra or {}).get(model, {}))
-    TASK_OVERRIDES[(task, model)] = entry
-
-
-_ARCH = (
-  'model.num_layers',
-  'model.num_heads',
-  'model.emb_dim',
-  'model.qkv_dim',
-  'model.mlp_dim',
-)
-# Image: layers / heads / emb / qkv / mlp / pooling. The reference's bigbird
-# misspelt num_heads (its run used 1 head); we use the 4 it asked for.
-_table(
-  'image',
-  {
-    'transformer': (1, 8, 128, 64, 128, 'cls'),
-    'bigbird': (1, 4, 128, 64, 128, 'cls'),
-    'linear_transformer': (1, 8, 128, 64, 128, 'cls'),
-    'linformer': (1, 8, 128, 64, 128, 'cls'),
-    'local': (1, 2, 128, 64, 128, 'mean'),
-    'longformer': (4, 4, 128, 64, 128, 'mean'),
-    'performer': (1, 8, 128, 64, 128, 'cls'),
-    'reformer': (4, 8, 64, 32, 64, 'cls'),
-    'sparse_transformer': (1, 8, 128, 64, 128, 'cls'),
-    'synthesizer': (1, 8, 128, 64, 128, 'cls'),
-  },
-  _ARCH + ('model.pooling',),
-  extra={
-    'bigbird': {'model.attention.block_size': 64},
-    'local': {'model.attention.block_size': 64},
-  },
-)
-# Sinkhorn on image: the base architecture with these changes.
-TASK_OVERRIDES[('image', 'sinkhorn')] = {
-  'model.num_layers': 1,
-  'model.attention.block_size': 64,
-  'weight_decay': 0.7,
-  'model.dropout_rate': 0.1,
-}
-# Pathfinder-32: layers / heads / emb / qkv / mlp / dropout (MEAN pooling).
-_table(
-  'pathfinder',
-  {
-    'transformer': (4, 4, 32, 16, 32, 0.2),
-    'bigbird': (4, 2, 64, 32, 64, 0.2),
-    'linear_transformer': (1, 2, 128, 64, 128, 0.2),
-    'linformer': (1, 2, 32, 16, 32, 0.2),
-    'local': (2, 4, 64, 32, 64, 0.1),
-    'longformer': (2, 2, 32, 16, 32, 0.1),
-    # The maintainers later gave 1/8/128/64/128 as the setting that
-    # reproduces the paper's 77.05; the config file said 4/8/32/16/32.
-    'performer': (1, 8, 128, 64, 128, 0.2),
-    'reformer': (2, 8, 64, 32, 64, 0.2),
-    'sinkhorn': (2, 4, 32, 16, 64, 0.2),
-    'sparse_transformer': (1, 8, 32, 16, 32, 0.2),
-    'synthesizer': (2, 4, 64, 32, 64, 0.2),
-  },
-  _ARCH + ('model.dropout_rate',),
-  extra={
-    'bigbird': {'model.attention.block_size': 64},
-    'local': {'model.attention.block_size': 64},
-    'sinkhorn': {'model.attention.block_size': 64},
-  },
-)
-
 
 def known_models():
-  return tuple(MODELS)
+  """Every model name: MODELS, then the registered cores by name."""
+  cores = [
+    n for n in registry.known_cores() if n not in NOT_MODELS and n not in MODELS
+  ]
+  return (*MODELS, *cores)
 
 
-def apply_model(c, model_name):
-  if model_name not in MODELS:
-    raise ValueError(
-      f'Unknown model {model_name!r}; known models: {", ".join(MODELS)}.'
-    )
+def _unknown_model(model_name):
+  why = NOT_MODELS.get(model_name)
+  hint = f' ({model_name!r} is {why})' if why else ''
+  return ValueError(
+    f'Unknown model {model_name!r}{hint}; known models: '
+    f'{", ".join(known_models())}.'
+  )
+
+
+def model_entry(model_name):
+  """The model's MODELS entry, {'name': <core>} for a core's own name;
+  ValueError naming the known models for anything else."""
+  if model_name in MODELS:
+    return dict(MODELS[model_name])
+  if not isinstance(model_name, str) or model_name in NOT_MODELS:
+    raise _unknown_model(model_name)
+  try:
+    registry.get_core_class(model_name)
+  except UserError:
+    raise _unknown_model(model_name) from None
+  return {'name': model_name}
+
+
+def core_of(model_name):
+  """The registry name of the model's core."""
+  return model_entry(model_name)['name']
+
+
+def attention_defaults(model_name):
+  """The model's `model.attention` block as a dict: 'name', every option of
+  its core with its default, the model's MODELS entry over them."""
+  entry = model_entry(model_name)
+  name = entry['name']
+  registry.check_options(entry)
+  return {'name': name, **registry.options_of(name), **entry}
+
+
+def changed_options(config, reference=None):
+  """{option: value} of config.model.attention that differ from the model's
+  default (attention_defaults of config.model_name: the core's defaults and
+  its MODELS entry; a task's tuned value, e.g. image bigbird's block_size=64,
+  counts as changed), or from `reference`'s block when given (a config or a
+  dict of the same form). 'name' is in it when the core was changed."""
+  if reference is None:
+    defaults = attention_defaults(config['model_name'])
+  else:
+    defaults = dict(reference['model']['attention'])
+  block = dict(config['model']['attention'])
+  missing = object()
+  out = {}
+  for key, value in block.items():
+    default = defaults.get(key, missing)
+    if default is missing and key != 'name':
+      # Saved before the option existed: it ran with the core's default.
+      default = registry.options_of(block['name']).get(key, missing)
+    if value != default:
+      out[key] = value
+  return out
+
+
+def predated_defaults(config):
+  """configs/base.py's defaults with model.attention = every option of the
+  config's core at its default: the values of the fields (and core
+  options) that a saved run may predate (the `defaults` of lra/rundir.py
+  check_resume), so a run saved before an option existed resumes while it
+  keeps that option's default."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+
+  c = base.get_base_config()
+  c.model.attention = attention_block({'name': config.model.attention.name})
+  return c
+
+
+# ------------------------------------------------------------ option types
+_NONE = type(None)
+# Types config_flags parses, in the order a command-line string is tried.
+_SIMPLE = (_NONE, bool, int, float, str)
+_UNION_TYPES = {}
+
+
+class _UnionMeta(type):
+  """isinstance(v, U) for a union U: v is one of U.members (a bool only
+  when bool is one: bool is an int subclass)."""
+
+  def __instancecheck__(cls, value):
+    if isinstance(value, bool) and bool not in cls.members:
+      return False
+    return isinstance(value, cls.members)
+
+
+class _UnionParser(flags.ArgumentParser):
+  """A command-line string as the first of the union's types it reads as:
+  None ('None'), bool ('True'/'False'), int, float, else str."""
+
+  def __init__(self, union):
+    super().__init__()
+    self.union = union
+
+  def parse(self, argument):
+    members = self.union.members
+    if not isinstance(argument, str):
+      if argument is None or isinstance(argument, self.union):
+        return argument
+      raise TypeError(f'{argument!r} is not {self.flag_type()}')
+    text = argument.strip()
+    if _NONE in members and text in ('None', 'none'):
+      return None
+    if bool in members and text.lower() in ('true', 'false'):
+      return text.lower() == 'true'
+    if int in members and re.fullmatch(r'[+-]?\d+', text):
+      return int(text)
+    if float in members:
+      try:
+        return float(text)
+      except ValueError:
+        pass
+    if str in members:
+      return argument
+    raise ValueError(f'{argument!r} is not {self.flag_type()}')
+
+  def flag_type(self):
+    return ' or '.join(_type_name(t) for t in self.union.members)
+
+
+def _type_name(t):
+  return 'None' if t is _NONE else t.__name__
+
+
+def _union_type(members):
+  """The field type of a ConfigDict value that may be any of `members`
+  (module-level, so a config holding it can be copied and pickled)."""
+  members = tuple(t for t in _SIMPLE if t in members)
+  if members not in _UNION_TYPES:
+    name = 'Or'.join(_type_name(t).capitalize() for t in members)
+    union = _UnionMeta(name, (), {'members': members, '__module__': __name__})
+    globals()[name] = union
+    config_flags.register_flag_parser_for_type(union, _UnionParser(union))
+    _UNION_TYPES[members] = union
+  return _UNION_TYPES[members]
+
+
+def _annotation_types(annotation):
+  """The types an annotation admits, or None when it says nothing simple."""
+  if annotation is inspect.Parameter.empty:
+    return None
+  if annotation is None:
+    return (_NONE,)
+  origin = typing.get_origin(annotation)
+  if origin in (typing.Union, types.UnionType):
+    parts = [_annotation_types(a) for a in typing.get_args(annotation)]
+    if any(p is None for p in parts):
+      return None
+    return tuple(t for p in parts for t in p)
+  if origin is typing.Literal:
+    return tuple(dict.fromkeys(type(v) for v in typing.get_args(annotation)))
+  if origin is None and isinstance(annotation, type):
+    return (annotation,)
+  return None  # list[int], strings, ...: the default's type decides
+
+
+def field_type(parameter):
+  """The ConfigDict field type of a core option (an inspect.Parameter):
+  from its annotation, else its default's type; a union of simple types
+  (or a None default) gets a union type the command line can set to any
+  of them; a None default with no annotation takes any literal (object)."""
+  default = parameter.default
+  kinds = _annotation_types(parameter.annotation)
+  if kinds is None:
+    if default is None:
+      return object
+    kinds = (type(default),)
+  if default is None and _NONE not in kinds:
+    kinds = (*kinds, _NONE)
+  if len(kinds) == 1:
+    return kinds[0]
+  if all(t in _SIMPLE for t in kinds):
+    return _union_type(kinds)
+  return object
+
+
+def _field(value, kind):
+  if value is not None and type(value) is kind:
+    return value
+  return ml_collections.FieldReference(value, field_type=kind)
+
+
+def attention_block(values):
+  """The `model.attention` ConfigDict of `values` (a dict with 'name'):
+  every option of the core, `values` over the defaults (a config saved
+  before an option existed gets its default), each typed by field_type."""
+  values = dict(values)
+  name = values['name']
+  params = registry.option_parameters(name)
+  registry.check_options(values)
+  block = ml_collections.ConfigDict()
+  block.name = name
+  for key, p in params.items():
+    value = values.get(key, p.default)
+    try:
+      block[key] = _field(value, field_type(p))
+    except TypeError:
+      raise UserError(
+        f'model.attention.{key}={value!r} is not a valid {name} option value '
+        f'(its default is {registry.shown(p.default)}); fix it.'
+      ) from None
+  return block
+
+
+def apply_model(c, model_name, overrides=None):
+  """Sets c.model_name and c.model.attention for `model_name` (every core
+  option, then the MODELS entry), then its MODEL_SETTINGS, then the task's
+  tuned `overrides` ({model: {flattened key: value}}, the task file's
+  MODEL_OVERRIDES). Raises ValueError for an unknown model."""
+  block = attention_defaults(model_name)
   c.model_name = model_name
-  c.model.attention = ml_collections.ConfigDict(dict(MODELS[model_name]))
-  if MODELS[model_name].get('implementation') == 'fused':
-    c.model.attention_dropout_rate = 0.0
+  c.model.attention = attention_block(block)
   for key, value in MODEL_SETTINGS.get(model_name, {}).items():
     _set_flat(c, key, value)
-  for key, value in TASK_OVERRIDES.get((c.task, model_name), {}).items():
+  for key, value in (overrides or {}).get(model_name, {}).items():
     _set_flat(c, key, value)
 
 
 def _set_flat(c, dotted, value):
   *parents, leaf = dotted.split('.')
+  node = c
   for p in parents:
-    c = c[p]
-  c[leaf] = value
+    node = node[p]
+  if leaf not in node:
+    if parents == ['model', 'attention']:
+      raise ValueError(registry.unknown_option_sentence(node.name, leaf))
+    raise ValueError(f'Unknown config key {dotted!r} in a model override.')
+  node[leaf] = value

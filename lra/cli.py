@@ -4,13 +4,87 @@ import os
 import re
 import sys
 import time
+import warnings
 
 from absl import flags
+from ml_collections import config_flags
 
+from lra.errors import UserError
 from lra.tasks import TASKS
 
+# A --config.<key>=<value> override (or --noconfig.<key>).
+OVERRIDE = re.compile(r'^--?(no)?config\.')
+_ATTENTION_FLAG = re.compile(
+  r'^--?config\.model\.attention\.([A-Za-z_][A-Za-z0-9_]*)(=(.*))?$', re.S
+)
 
-def _sentence(e):
+
+def _missing_key(e):
+  """(key, suggestion or None) of a locked ConfigDict's missing-key error."""
+  if (
+    isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError)
+  ):
+    e = e.args[0]
+  if not isinstance(e, KeyError) or not e.args:
+    return None, None
+  text = str(e.args[0])
+  mean = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', text)
+  if mean:
+    return mean.group(2), mean.group(1)
+  return text.splitlines()[0].strip().strip(chr(39)), None
+
+
+def attention_flags(argv):
+  """{option: value} of the --config.model.attention.<option>=<value> flags
+  in argv (the value None when it is the next argument)."""
+  out = {}
+  for arg in argv or ():
+    m = _ATTENTION_FLAG.match(arg)
+    if m:
+      out[m.group(1)] = m.group(3)
+  return out
+
+
+def _model_of(argv):
+  """The model of the --config=<file>:<model>[,<presets>] argument, or ''."""
+  spec = _config_arg(argv or [])
+  if ':' not in spec:
+    return ''
+  return spec.split(':', 1)[1].split(',')[0].strip() or 'transformer'
+
+
+def _attention_sentence(e, argv):
+  """The sentence for an unknown --config.model.attention.<option> (its
+  core's options and defaults), or None when e is about another key."""
+  key, suggestion = _missing_key(e)
+  given = attention_flags(argv)
+  if key is None or key not in given:
+    return None
+  from configs import models  # pylint: disable=g-import-not-at-top
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  model = _model_of(argv)
+  try:
+    core = models.core_of(model)
+  except (ValueError, UserError):
+    return None
+  name = given.get('name')
+  if name and name != core:
+    return (
+      f'--config.model.attention.name={name} keeps the options of the '
+      f"{model} model's core {core}, so {key!r} is not one of them; choose "
+      f'the core with the model name instead (configs/<task>.py:{name}).'
+    )
+  return registry.unknown_option_sentence(core, key, suggestion)
+
+
+def _sentence(e, argv=None):
+  """The one sentence of a flag-parsing error; argv (when given) lets an
+  unknown attention option name its core's options."""
+  if argv:
+    attention = _attention_sentence(e, argv)
+    if attention:
+      return attention
   if (
     isinstance(e, AttributeError) and e.args and isinstance(e.args[0], KeyError)
   ):
@@ -58,15 +132,18 @@ def _config_arg(argv):
   return ''
 
 
-def _no_config_file(path):
-  """Prints the missing config file's sentence and exits with 2."""
+def _no_config_sentence(path):
   path = path.split(':')[0]
   known = ', '.join(f'configs/{t}.py' for t in TASKS)
-  print(
-    f'error: cannot load config file {path!r}; give one of: {known} '
-    '(as configs/<task>.py:<model>).',
-    file=sys.stderr,
+  return (
+    f'cannot load config file {path!r}; give one of: {known} '
+    '(as configs/<task>.py:<model>).'
   )
+
+
+def _no_config_file(path):
+  """Prints the missing config file's sentence and exits with 2."""
+  print(f'error: {_no_config_sentence(path)}', file=sys.stderr)
   sys.exit(2)
 
 
@@ -92,12 +169,101 @@ def parse_flags(argv):
       raise
     _no_config_file(_config_arg(argv))
   except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
-    print(f'error: {_sentence(e)}', file=sys.stderr)
+    print(f'error: {_sentence(e, argv)}', file=sys.stderr)
     sys.exit(2)
 
 
+_PARSE_ERRORS = (
+  OSError,
+  flags.Error,
+  KeyError,
+  ValueError,
+  AttributeError,
+  TypeError,
+)
+
+
+def config_from_argv(argv):
+  """The locked config that train.py's flags give for argv (['train.py',
+  '--config=configs/<task>.py:<model>', '--config.<key>=<value>', ...]),
+  parsed in-process by the same absl + config_flags parser; UserError with
+  train.py's one sentence when they are wrong. argv holds --config flags
+  only."""
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    'config', None, '', flag_values=values, lock_config=True, sys_argv=argv
+  )
+  try:
+    with warnings.catch_warnings():
+      # ml_collections loads the config file with load_module(), which
+      # warns (deprecated); the tests make warnings errors.
+      warnings.filterwarnings(
+        'ignore', 'the load_module', category=DeprecationWarning
+      )
+      values(argv)
+      values.config.keys()  # a missing config file is read here
+    return values.config
+  except OSError:
+    raise UserError(_no_config_sentence(_config_arg(argv))) from None
+  except _PARSE_ERRORS as e:
+    raise UserError(_sentence(e, argv)) from None
+
+
+def split_overrides(argv):
+  """(argv without the --config.* overrides, the overrides): for entry
+  points whose config comes from elsewhere (eval.py: the run's
+  config.json). An override's value may be the next argument."""
+  rest, overrides = [], []
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    i += 1
+    if not OVERRIDE.match(arg):
+      rest.append(arg)
+      continue
+    bare = '=' not in arg and not arg.lstrip('-').startswith('no')
+    if bare and i < len(argv) and not argv[i].startswith('-'):
+      arg = f'{arg}={argv[i]}'  # --config.<key> <value>
+      i += 1
+    overrides.append(arg)
+  return rest, overrides
+
+
+def override_config(config, overrides, only='model.attention.'):
+  """`config` with the --config.<key>=<value> `overrides` applied by
+  config_flags (types and errors as on train.py's command line); keys must
+  start with `only`. UserError (one sentence) otherwise."""
+  for arg in overrides:
+    key = OVERRIDE.sub('', arg).split('=', 1)[0]
+    if not key.startswith(only) or key == f'{only}name':
+      raise UserError(
+        f'{arg.split("=", 1)[0]} cannot be changed here; only '
+        f'--config.{only}<option>=<value> flags (the options of the '
+        "run's core, not its name) are accepted."
+      )
+  argv = ['eval.py', *overrides]
+  values = flags.FlagValues()
+  config.lock()
+  try:  # the dict flag applies the overrides when it is defined
+    config_flags.DEFINE_config_dict(
+      'config', config, flag_values=values, lock_config=True, sys_argv=argv
+    )
+    values(argv)
+  except _PARSE_ERRORS as e:
+    key, suggestion = _missing_key(e)
+    if key is not None and key in attention_flags(argv):
+      from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+      name = config.model.attention.name
+      raise UserError(
+        registry.unknown_option_sentence(name, key, suggestion)
+      ) from None
+    raise UserError(_sentence(e)) from None
+  return values.config
+
+
 def define_process_flags():
-  """The multi-process flags of train.py and eval.py (lra.runtime.initialize):
+  """The multi-process flags of train.py and eval.py (lra.processes.initialize):
   all three of --coordinator_address, --num_processes, --process_id (the
   same command on every process, each with its own id), or --distributed
   alone (JAX detects TPU pods and SLURM/Open MPI clusters)."""
@@ -122,11 +288,11 @@ def define_process_flags():
 
 
 def initialize_processes():
-  """lra.runtime.initialize from the flags of define_process_flags."""
-  from lra import runtime  # pylint: disable=g-import-not-at-top
+  """lra.processes.initialize from the flags of define_process_flags."""
+  from lra import processes  # pylint: disable=g-import-not-at-top
 
   f = flags.FLAGS
-  return runtime.initialize(
+  return processes.initialize(
     f.coordinator_address,
     f.num_processes,
     f.process_id,
@@ -138,15 +304,15 @@ def initialize_processes():
 def exit_with_error(e):
   """Prints the one-sentence error and exits with status 2. In a
   multi-process run it leaves the message for the others (whose watchers,
-  lra.runtime, print it and exit with 2 too) and ends at once (os._exit),
+  lra.processes, print it and exit with 2 too) and ends at once (os._exit),
   skipping JAX's shutdown barrier that would wait for them."""
   print(f'error: {e}', file=sys.stderr, flush=True)
   import jax  # pylint: disable=g-import-not-at-top
 
   if jax.distributed.is_initialized():
-    from lra import runtime  # pylint: disable=g-import-not-at-top
+    from lra import processes  # pylint: disable=g-import-not-at-top
 
-    runtime.publish_error(str(e))
+    processes.publish_error(str(e))
     sys.stdout.flush()
     if jax.process_index() == 0:
       time.sleep(1.0)  # it runs the coordination service: let them read

@@ -67,7 +67,7 @@ CASES = [
   (
     'attention_key',
     (*TRAIN, '--config.model.attention.window=3'),
-    "config key 'window'",
+    "softmax has no option 'window'; its options: implementation=einsum",
   ),
   (
     'model',

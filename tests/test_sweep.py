@@ -114,7 +114,8 @@ def test_failure_is_recorded_and_the_sweep_goes_on(swept):
   runs = swept.first_runs
   failed, done = runs['transformer'], runs['local']
   assert failed['status'] == 'failed' and failed['exit_status'] == 2
-  assert failed['message'].startswith("error: Unknown config key 'block_size'")
+  message = failed['message']
+  assert message.startswith("error: softmax has no option 'block_size'")
   assert '--config.model.attention.block_size=50' in failed['command']
   assert done['status'] == 'done' and done['exit_status'] == 0
   with open(os.path.join(done['workdir'], 'results.json')) as f:
