@@ -42,6 +42,7 @@ import re
 from absl import app, flags
 import ml_collections
 
+from configs import models as model_configs
 from lra import (
   cli,
   curves,
@@ -121,10 +122,8 @@ def load_config(workdir, data_dir=None):
 
 def _with_attention(saved, block):
   """A ConfigDict of the `saved` config dict with model.attention = block."""
-  from configs import models  # pylint: disable=g-import-not-at-top
-
   config = ml_collections.ConfigDict(saved)
-  config.model.attention = models.attention_block(block)
+  config.model.attention = model_configs.attention_block(block)
   return config
 
 
@@ -167,11 +166,10 @@ def with_eval_options(config, task, overrides):
   <value> strings, parsed as train.py parses them. UserError when one
   changes the shapes of the trained state (the checkpoint would not fit):
   the sentence names the option."""
-  from configs import models  # pylint: disable=g-import-not-at-top
   from models.attention import registry  # pylint: disable=g-import-not-at-top
 
   saved = json.loads(config.to_json())
-  trained = models.attention_block(saved['model']['attention']).to_dict()
+  trained = model_configs.attention_block(saved['model']['attention']).to_dict()
   config = cli.override_config(_with_attention(saved, trained), overrides)
   now = config.model.attention.to_dict()
   changed = {k: (trained[k], v) for k, v in now.items() if trained[k] != v}
@@ -361,6 +359,9 @@ def parse_flags(argv):
   _OVERRIDES[:] = overrides
   return cli.parse_flags(rest)
 
+
+# Unknown attention options are explained with the core's options.
+cli.set_option_sentence(model_configs.option_sentence)
 
 if __name__ == '__main__':
   app.run(main, flags_parser=parse_flags)

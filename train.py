@@ -43,7 +43,7 @@ import jax
 from ml_collections import ConfigDict, config_flags
 import numpy as np
 
-from configs import base as base_config
+from configs import models as model_configs
 from lra import (
   batching,
   cli,
@@ -189,6 +189,7 @@ def check_inputs(config: ConfigDict, workdir: str) -> str:
   """Everything the user can get wrong, checked before the workdir exists;
   returns the model selection (lra/metrics.py)."""
   validate.check_config(config)
+  model_configs.check_attention(config)
   select = selection(config)
   validate.check_dir(workdir, '--workdir')
   if config.data_dir:
@@ -363,7 +364,9 @@ def train_and_evaluate(
   task = tasks.get_task(config.task)
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
-  changes = rundir.check_resume(config, workdir, base_config.get_base_config())
+  changes = rundir.check_resume(
+    config, workdir, model_configs.predated_defaults(config)
+  )
   stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
   train_step = steps.make_train_step(graphdef)
@@ -658,6 +661,9 @@ def main(argv):
   except UserError as e:
     cli.exit_with_error(e)
 
+
+# Unknown attention options are explained with the core's options.
+cli.set_option_sentence(model_configs.option_sentence)
 
 if __name__ == '__main__':
   define_flags()

@@ -308,3 +308,50 @@ def _set_flat(c, dotted, value):
       raise ValueError(registry.unknown_option_sentence(node.name, leaf))
     raise ValueError(f'Unknown config key {dotted!r} in a model override.')
   node[leaf] = value
+
+
+def check_attention(config):
+  """The `model.attention` block names a registered core and only options
+  it takes (a --config.model.attention.name flag keeps the options of the
+  model's own core: the model name is how to choose another one). Called
+  by train.py and eval.py beside lra.validate.check_config."""
+  block = config.model.attention.to_dict()
+  name = block.get('name')
+  registry.get_core_class(name)  # an unknown core: its own sentence
+  known = registry.options_of(name)
+  unknown = [k for k in block if k != 'name' and k not in known]
+  if not unknown:
+    return
+  try:
+    core = core_of(config.model_name)
+  except (ValueError, UserError):
+    core = name
+  if core != name:
+    raise UserError(
+      f'--config.model.attention.name={name} keeps the options of the '
+      f"{config.model_name} model's core {core} ({', '.join(unknown)}), "
+      f'which {name} does not take; choose the core with the model name '
+      f'instead (configs/{config.task}.py:{name}).'
+    )
+  raise UserError(registry.unknown_option_sentence(name, unknown[0]))
+
+
+def option_sentence(model, key, suggestion=None, name=None, core=None):
+  """The one sentence for an unknown --config.model.attention.<key> of
+  `model` (or of `core`): the core's options and their defaults; a
+  --config.model.attention.name=<name> flag keeps the options of the
+  model's own core, so that case says to choose the model instead. None
+  when the model is unknown (its own sentence comes elsewhere). Handed to
+  lra/cli.py by the scripts (cli.set_option_sentence)."""
+  if core is None:
+    try:
+      core = core_of(model)
+    except (ValueError, UserError):
+      return None
+  if name and name != core:
+    return (
+      f'--config.model.attention.name={name} keeps the options of the '
+      f"{model} model's core {core}, so {key!r} is not one of them; choose "
+      f'the core with the model name instead (configs/<task>.py:{name}).'
+    )
+  return registry.unknown_option_sentence(core, key, suggestion)

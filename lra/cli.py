@@ -53,29 +53,28 @@ def _model_of(argv):
   return spec.split(':', 1)[1].split(',')[0].strip() or 'transformer'
 
 
+# How an unknown --config.model.attention.<option> is explained: a function
+# (model, key, suggestion, name, core=None) -> sentence or None, handed in
+# by the scripts (train.py, eval.py, benchmark.py pass
+# configs.models.option_sentence): the harness itself knows no core.
+_option_sentence = None
+
+
+def set_option_sentence(fn):
+  """Sets the explainer of unknown attention options (see above)."""
+  global _option_sentence
+  _option_sentence = fn
+
+
 def _attention_sentence(e, argv):
   """The sentence for an unknown --config.model.attention.<option> (its
-  core's options and defaults), or None when e is about another key."""
+  core's options and defaults), or None when e is about another key or no
+  explainer was set."""
   key, suggestion = _missing_key(e)
   given = attention_flags(argv)
-  if key is None or key not in given:
+  if key is None or key not in given or _option_sentence is None:
     return None
-  from configs import models  # pylint: disable=g-import-not-at-top
-  from models.attention import registry  # pylint: disable=g-import-not-at-top
-
-  model = _model_of(argv)
-  try:
-    core = models.core_of(model)
-  except (ValueError, UserError):
-    return None
-  name = given.get('name')
-  if name and name != core:
-    return (
-      f'--config.model.attention.name={name} keeps the options of the '
-      f"{model} model's core {core}, so {key!r} is not one of them; choose "
-      f'the core with the model name instead (configs/<task>.py:{name}).'
-    )
-  return registry.unknown_option_sentence(core, key, suggestion)
+  return _option_sentence(_model_of(argv), key, suggestion, given.get('name'))
 
 
 def _sentence(e, argv=None):
@@ -251,12 +250,10 @@ def override_config(config, overrides, only='model.attention.'):
     values(argv)
   except _PARSE_ERRORS as e:
     key, suggestion = _missing_key(e)
-    if key is not None and key in attention_flags(argv):
-      from models.attention import registry  # pylint: disable=g-import-not-at-top
-
-      name = config.model.attention.name
+    if key is not None and key in attention_flags(argv) and _option_sentence:
+      core = config.model.attention.name
       raise UserError(
-        registry.unknown_option_sentence(name, key, suggestion)
+        _option_sentence(None, key, suggestion, None, core=core)
       ) from None
     raise UserError(_sentence(e)) from None
   return values.config

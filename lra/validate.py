@@ -114,34 +114,6 @@ def pixel_length(task, options):
   return None
 
 
-def check_attention(config):
-  """The `model.attention` block names a registered core and only options
-  it takes (a --config.model.attention.name flag keeps the options of the
-  model's own core: the model name is how to choose another one)."""
-  from configs import models  # pylint: disable=g-import-not-at-top
-  from models.attention import registry  # pylint: disable=g-import-not-at-top
-
-  block = config.model.attention.to_dict()
-  name = block.get('name')
-  registry.get_core_class(name)  # an unknown core: its own sentence
-  known = registry.options_of(name)
-  unknown = [k for k in block if k != 'name' and k not in known]
-  if not unknown:
-    return
-  try:
-    core = models.core_of(config.model_name)
-  except (ValueError, UserError):
-    core = name
-  if core != name:
-    raise UserError(
-      f'--config.model.attention.name={name} keeps the options of the '
-      f"{config.model_name} model's core {core} ({', '.join(unknown)}), "
-      f'which {name} does not take; choose the core with the model name '
-      f'instead (configs/{config.task}.py:{name}).'
-    )
-  raise UserError(registry.unknown_option_sentence(name, unknown[0]))
-
-
 def check_config(config):
   """Raises UserError (one sentence) for the first invalid field."""
   task = tasks.get_task(config.task)
@@ -168,7 +140,6 @@ def check_config(config):
       f'{_flag("max_length", need)}.'
     )
 
-  check_attention(config)
   m = config.model
   if m.qkv_dim % m.num_heads:
     divisors = [d for d in range(1, m.qkv_dim + 1) if m.qkv_dim % d == 0]

@@ -20,7 +20,7 @@ import pytest
 
 from configs import models as model_configs
 import eval as lra_eval
-from lra import cli, steps, tasks, validate
+from lra import cli, steps, tasks
 from lra.errors import UserError
 from models.attention import registry
 import train
@@ -85,7 +85,7 @@ def test_every_option_from_the_command_line_then_one_step(core):
   assert model_configs.changed_options(config) == {
     k: v for k, v in options.items() if default[k] != v
   }
-  validate.check_attention(config)
+  model_configs.check_attention(config)
   task = tasks.get_task('listops')
   graphdef, state = train.create_state(config, task, None)
   rng = np.random.default_rng(0)
@@ -222,12 +222,12 @@ def test_name_flag_with_foreign_options_is_refused_before_training():
     argv_for('transformer', '--config.model.attention.name=performer')
   )
   with pytest.raises(UserError, match='configs/listops.py:performer'):
-    validate.check_attention(config)
+    model_configs.check_attention(config)
   # A core without options may be swapped in by name.
   fine = cli.config_from_argv(
     argv_for('linear_transformer', '--config.model.attention.name=none')
   )
-  validate.check_attention(fine)
+  model_configs.check_attention(fine)
 
 
 def test_task_overrides_keep_their_values():
