@@ -28,6 +28,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from configs.s5_reference import S5_REFERENCE
 from errors import UserError
 from models.attention import registry
 
@@ -284,6 +285,12 @@ def attention_block(values):
   return block
 
 
+# Model -> {task: flattened settings}: the hyperparameters its own paper
+# trained it with on LRA, with their sources in the file named (applied
+# after MODEL_SETTINGS, before the task's tuned overrides and the presets).
+PAPER_RECIPES = {'s5': S5_REFERENCE}
+
+
 def apply_model(c, model_name, overrides=None):
   """Sets c.model_name and c.model.attention for `model_name` (every core
   option, then the MODELS entry), then its MODEL_SETTINGS, then the task's
@@ -293,6 +300,10 @@ def apply_model(c, model_name, overrides=None):
   c.model_name = model_name
   c.model.attention = attention_block(block)
   for key, value in MODEL_SETTINGS.get(model_name, {}).items():
+    _set_flat(c, key, value)
+  # A model with its own paper's LRA recipe (s5: configs/s5_reference.py)
+  # takes it on every task; the presets (small, smoke) then resize it.
+  for key, value in PAPER_RECIPES.get(model_name, {}).get(c.task, {}).items():
     _set_flat(c, key, value)
   for key, value in (overrides or {}).get(model_name, {}).items():
     _set_flat(c, key, value)
