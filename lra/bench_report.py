@@ -4,6 +4,12 @@ benchmark.md has LRA Table 2's layout (steps/s and peak memory per length,
 the paper's numbers beneath ours); the plots draw one line per model against
 sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
 
+Beneath them, a table of every cell's throughput (steps/s, examples/s,
+tokens/s, GFLOP per step and model FLOP utilisation, the fields benchmark.py
+adds per cell) and, for --mode loop, the training loop's steps/s against the
+bare step's. Cells from --config name their config and task; cells that
+did not finish show their status ('OOM', 'error', 'timeout').
+
 With a 'ceiling' row (benchmark.py --ceiling: attention 'none', no token
 mixing), benchmark.md notes it and adds two tables: each model's steps/s as
 a fraction of the ceiling's, and its memory as a multiple of the ceiling's.
@@ -141,12 +147,143 @@ def _ceiling_tables(rows, models, lengths):
   return lines
 
 
+def _speed_kind(row):
+  """How a row's steps/s was timed (benchmark.py --mode)."""
+  n = row['timed_steps']
+  if row.get('mode') in ('throughput', 'loop'):
+    return f'{n} timed steps back to back, one wait at the end,'
+  return f'median of {n} timed steps'
+
+
+def _cell_value(row, value):
+  """A table cell: the value of an ok row, else the row's status."""
+  if row['status'] != 'ok':
+    return row['status']
+  v = value(row)
+  return '-' if v is None else v
+
+
+def _throughput_table(rows):
+  """Per cell: steps/s, examples/s, tokens/s, FLOPs per step and MFU."""
+  head = (
+    '| model | task | length | batch | mode | steps/s | examples/s | '
+    'tokens/s | GFLOP/step | MFU |'
+  )
+  lines = [
+    '',
+    '### Throughput and model FLOP utilisation',
+    '',
+    'examples/s = steps/s x batch; tokens/s = examples/s x max_length x '
+    "documents per example (CLS not counted); GFLOP/step from XLA's cost "
+    'analysis of the compiled step (per device; not counting custom calls '
+    'such as cuDNN attention); MFU = FLOP/step x steps/s / the peak FLOP/s '
+    'of one device' + _peak_sources(rows) + '.',
+    '',
+    head,
+    '|---' * 10 + '|',
+  ]
+  for r in rows:
+    cells = [
+      _cell_value(r, lambda r: _num(r['steps_per_sec'])),
+      _cell_value(r, lambda r: _num(r.get('examples_per_sec') or 0)),
+      _cell_value(r, lambda r: _num(r.get('tokens_per_sec') or 0)),
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('flops_per_step') is None
+          else _num(r['flops_per_step'] / 1e9)
+        ),
+      ),
+      _cell_value(
+        r, lambda r: None if r.get('mfu') is None else f'{r["mfu"]:.1%}'
+      ),
+    ]
+    lines.append(
+      f'| {r["model"]} | {r.get("task") or "text"} | {r["length"]} | '
+      f'{r["batch_size"]} | {r.get("mode") or "latency"} | '
+      + ' | '.join(str(c) for c in cells)
+      + ' |'
+    )
+  return lines
+
+
+def _peak_sources(rows):
+  """' (peaks: 989 TFLOP/s, NVIDIA H200 datasheet, bfloat16)', or why
+  there is no MFU."""
+  peaks = {
+    (r['peak_flops_per_sec'], r['peak_flops_source'])
+    for r in rows
+    if r.get('peak_flops_per_sec')
+  }
+  if not peaks:
+    return (
+      ' (no peak known for this device: MFU is empty; benchmark.py '
+      '--peak_flops gives one)'
+    )
+  return (
+    ' (peak: '
+    + '; '.join(
+      f'{p / 1e12:g} TFLOP/s, {source}' for p, source in sorted(peaks)
+    )
+    + ')'
+  )
+
+
+def _loop_table(rows):
+  """--mode loop: train.py's loop against the bare step, per cell."""
+  loop = [r for r in rows if r.get('mode') == 'loop']
+  if not loop:
+    return []
+  lines = [
+    '',
+    '### Training loop against the bare step',
+    '',
+    "loop: train.py's train_and_evaluate on the config's data (steps/s of "
+    "metrics.jsonl's train rows, every step after the compiled first one; "
+    'evaluation and checkpoints after the last step, outside the timer); '
+    'bare: the compiled step alone on the same shapes, back to back, in the '
+    'same process.',
+    '',
+    '| model | task | length | batch | loop steps/s | bare steps/s | '
+    'loop / bare |',
+    '|---' * 7 + '|',
+  ]
+  for r in loop:
+    cells = [
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('loop_steps_per_sec') is None
+          else _num(r['loop_steps_per_sec'])
+        ),
+      ),
+      _cell_value(r, lambda r: _num(r['bare_steps_per_sec'])),
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('loop_over_bare') is None
+          else f'{r["loop_over_bare"]:.2f}'
+        ),
+      ),
+    ]
+    lines.append(
+      f'| {r["model"]} | {r.get("task") or "text"} | {r["length"]} | '
+      f'{r["batch_size"]} | ' + ' | '.join(str(c) for c in cells) + ' |'
+    )
+  return lines
+
+
 def markdown(rows, seconds=None, load=None):
   """LRA Table 2 layout: steps/s and peak memory per length."""
   by_cell = {(r['model'], r['length']): r for r in rows}
   models = list(dict.fromkeys(r['model'] for r in rows))
-  lengths = sorted({r['length'] for r in rows})
-  first = rows[0]
+  lengths = sorted({r['length'] for r in rows if r['length'] is not None})
+  # The machine is the first row that reached it (a cell killed before it
+  # started has none).
+  first = next((r for r in rows if r.get('backend')), rows[0])
   configs = {r['model']: r['model_config'] for r in rows if r['model_config']}
   mc = next(iter(configs.values()), None) or {}
   table2 = paper()['table2_efficiency']
@@ -168,14 +305,23 @@ def markdown(rows, seconds=None, load=None):
     f'Machine: {first["device_count"]} x {first["device_kind"]} '
     f'({first["backend"]} backend), {os.cpu_count()} CPU cores{load}; jax '
     f'{first["jax_version"]}, flax {first["flax_version"]}{took}.',
-    f'Preset `{first["preset"]}`: batch {first["batch_size"]}, '
+    (
+      f'Config `{first["config"]}` ({first.get("task")} task)'
+      if first.get('config')
+      else f'Preset `{first["preset"]}`'
+    )
+    + f': batch {first["batch_size"]}, '
     f'layers {mc.get("num_layers")}, emb {mc.get("emb_dim")}, '
     f'qkv {mc.get("qkv_dim")}, mlp {mc.get("mlp_dim")}, '
     f'{mc.get("num_heads")} heads, {mc.get("dtype")}; '
-    'byte-level Text classifier on random bytes, one step = forward + '
-    'backward + AdamW update'
+    + (
+      "that config's training step on random inputs of its batches' shapes"
+      if first.get('config')
+      else 'byte-level Text classifier on random bytes'
+    )
+    + ', one step = forward + backward + AdamW update'
     + (', sequence = length + 1 (CLS).' if mc.get('pooling') == 'cls' else '.'),
-    f'Speed: steps per second, median of {first["timed_steps"]} timed steps '
+    f'Speed: steps per second, {_speed_kind(first)} '
     f'after compilation and {first["warmup_steps"]} warm-up step(s); '
     f'(x) = {against}.',
     f'Dropout as in training: {mc.get("dropout_rate")}; attention dropout '
@@ -198,6 +344,8 @@ def markdown(rows, seconds=None, load=None):
     'one of its chips held (`--batch_size 1`: one TensorCore).',
     '',
   ]
+  if first.get('config'):  # not the Text cells: no paper numbers to set by
+    lines = [ln for ln in lines if not ln.startswith(('*paper*', 'Not the'))]
   fused = sorted({r['model'] for r in rows if r.get('fused_attention_kernel')})
   if fused:
     lines[-1:-1] = [
@@ -218,7 +366,7 @@ def markdown(rows, seconds=None, load=None):
     models,
     lengths,
     lambda r: r['steps_per_sec'],
-    table2['steps_per_sec'],
+    {} if first.get('config') else table2['steps_per_sec'],
   )
   lines.append('')
   lines += _table(
@@ -227,8 +375,10 @@ def markdown(rows, seconds=None, load=None):
     models,
     lengths,
     lambda r: r['peak_memory_bytes'] / 1e9,
-    table2['peak_memory_gb'],
+    {} if first.get('config') else table2['peak_memory_gb'],
   )
+  lines += _throughput_table(rows)
+  lines += _loop_table(rows)
   if CEILING in models:
     lines += _ceiling_tables(by_cell, models, lengths)
   failed = [r for r in rows if r['status'] != 'ok']
@@ -265,7 +415,7 @@ def plot(rows, value, ylabel, path):
       color, ls = reference.get(m, ('0.1', '--'))
       style = dict(color=color, marker='o', ls=ls)
     ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
-  lengths = sorted({r['length'] for r in rows})
+  lengths = sorted({r['length'] for r in rows if r['length'] is not None})
   ax.set_xscale('log', base=2)
   ax.set_yscale('log')
   ax.set_xticks(lengths, [_length_name(n) for n in lengths])
@@ -275,7 +425,8 @@ def plot(rows, value, ylabel, path):
   ax.set_xlabel('sequence length')
   ax.set_ylabel(ylabel)
   ax.set_title(
-    f'{setup(rows[0])}\n{PAPER_SETUP}: compare ratios to transformer only',
+    f'{setup(next((r for r in rows if r.get("backend")), rows[0]))}\n'
+    f'{PAPER_SETUP}: compare ratios to transformer only',
     fontsize=8,
   )
   ax.grid(True, alpha=0.3)

@@ -1,8 +1,10 @@
-"""benchmark.py on tiny models, core memory growth, the LRA bubble chart.
+"""benchmark.py on tiny models, core memory growth, the LRA bubble chart;
+--config cells, the modes, the derived rates and MFU, the per-cell deadline.
 
 No timing assertions: speeds on a shared CPU say nothing.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from models.attention.memory import core_memory, core_memory_bytes
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ['transformer', 'transformer_fused']
 LENGTHS = [64, 128]
+SMOKE = 'configs/listops.py:transformer,smoke'
 
 
 @pytest.fixture(scope='module')
@@ -56,6 +59,15 @@ def test_smoke_run_writes_table_json_and_plots(bench_dir):
     assert row['steps_per_sec_min'] <= row['steps_per_sec']
     assert row['steps_per_sec'] <= row['steps_per_sec_max']
     assert row['flops_per_step'] > 0 and row['num_params'] > 0
+    # The rates every cell gets; no peak FLOP/s is known for a CPU.
+    assert row['mode'] == 'latency' and row['isolation'] == 'in_process'
+    assert row['examples_per_sec'] == pytest.approx(
+      row['steps_per_sec'] * row['batch_size']
+    )
+    assert row['tokens_per_sec'] == pytest.approx(
+      row['examples_per_sec'] * row['length']
+    )
+    assert row['mfu'] is None and row['peak_flops_per_sec'] is None
   with open(os.path.join(bench_dir, 'benchmark.md')) as f:
     table = f.read()
   assert '| transformer | ' in table and '(1.0x)' in table
@@ -352,3 +364,254 @@ def test_dtype_reaches_the_cell_and_the_kernel_is_detected_from_hlo():
       return 'custom_call_target="__cudnn$fmhaSoftmax"'
 
   assert benchmark.fused_kernel_of(Fake()) == 'cudnn'
+
+
+# ------------------------------------------- --config, modes, deadlines
+def test_config_cell_is_that_configs_step_in_throughput_mode(tmp_path):
+  rows = benchmark.run_config_benchmark(
+    [f'--config={SMOKE}'],
+    str(tmp_path),
+    num_steps=2,
+    warmup=1,
+    mode='throughput',
+  )
+  (row,) = rows
+  assert row['status'] == 'ok', row['error']
+  # The smoke config's own batch and length, its task and preset.
+  assert (row['task'], row['model'], row['preset']) == (
+    'listops',
+    'transformer',
+    'smoke',
+  )
+  assert (row['length'], row['batch_size'], row['mode']) == (
+    64,
+    8,
+    'throughput',
+  )
+  assert row['config'] == f'--config={SMOKE}'
+  # One wait at the end: a rate, no per-step spread.
+  assert row['steps_per_sec'] > 0 and row['steps_per_sec_min'] is None
+  assert row['examples_per_sec'] == pytest.approx(8 * row['steps_per_sec'])
+  assert row['tokens_per_sec'] == pytest.approx(64 * row['examples_per_sec'])
+  assert row['flops_per_step'] > 0
+  assert row['mfu'] is None and row['peak_flops_source'] is None  # CPU
+  assert row['model_config']['num_layers'] == 1
+  on_disk = json.loads((tmp_path / 'benchmark.json').read_text())
+  assert on_disk[0]['examples_per_sec'] == row['examples_per_sec']
+  table = (tmp_path / 'benchmark.md').read_text()
+  assert '### Throughput and model FLOP utilisation' in table
+  assert '| transformer | listops | 64 | 8 | throughput | ' in table
+  assert 'no peak known for this device' in table
+  assert '*paper*' not in table  # Table 2's numbers are the Text cells'
+
+
+def test_config_flag_runs_a_cell_in_its_own_process(tmp_path):
+  """--config with an override on the command line: the cell's process
+  re-parses the same flags (the default deadline isolates each cell)."""
+  out = str(tmp_path / 'cfg')
+  proc = subprocess.run(
+    [
+      sys.executable,
+      'benchmark.py',
+      f'--config={SMOKE}',
+      '--config.model.mlp_dim=48',
+      '--mode=throughput',
+      '--steps=2',
+      '--warmup=1',
+      '--out',
+      out,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-800:]
+  (row,) = bench_report.read_benchmark(out)
+  assert row['status'] == 'ok', row['error']
+  assert row['isolation'] == 'process' and row['cell_timeout_s'] == 300
+  assert row['model_config']['mlp_dim'] == 48  # the override reached it
+  assert row['examples_per_sec'] > 0 and row['mfu'] is None
+  assert os.path.getsize(os.path.join(out, 'cells', 'cell_000.log')) >= 0
+
+
+def test_config_args_and_model_swap():
+  argv = [
+    '--out=x',
+    '--config',
+    'configs/listops.py:transformer,small',
+    '--config.model.num_layers',
+    '3',
+    '--mode=loop',
+  ]
+  args = benchmark.config_args(argv)
+  assert args == [
+    '--config=configs/listops.py:transformer,small',
+    '--config.model.num_layers=3',
+  ]
+  assert benchmark.model_of(args) == 'transformer'
+  assert benchmark.with_model(args, 'transformer_fused') == [
+    '--config=configs/listops.py:transformer_fused,small',
+    '--config.model.num_layers=3',
+  ]
+  assert benchmark.with_model(['--config=configs/text.py'], 'local') == [
+    '--config=configs/text.py:local'
+  ]
+
+
+def test_peak_table_and_mfu():
+  peak = benchmark.peak_flops
+  assert peak('NVIDIA H200', 'bfloat16')[0] == 989e12
+  assert peak('NVIDIA H200', 'float32')[0] == 67e12
+  assert peak('NVIDIA H100 80GB HBM3', 'bfloat16')[0] == 989e12
+  assert peak('NVIDIA H100 PCIe', 'bfloat16')[0] == 756e12
+  assert peak('NVIDIA A100-SXM4-80GB', 'float32')[0] == 19.5e12
+  assert peak('TPU v4', 'float32')[0] == 275e12  # bf16 passes on the MXU
+  assert peak('TPU v5 lite', 'bfloat16')[0] == 197e12
+  assert peak('TPU v5p', 'bfloat16')[0] == 459e12
+  assert peak('cpu', 'float32') == (None, None)
+  assert peak('cpu', 'float32', 2e12) == (2e12, '--peak_flops')
+  assert 'datasheet' in peak('NVIDIA H200', 'bfloat16')[1]
+  row = {'steps_per_sec': 4.0, 'flops_per_step': 1e12, 'device_kind': 'x'}
+  config = benchmark.cell_config('transformer', 128, 'tiny', 2)
+  benchmark.add_rates(row, config, benchmark.tasks.get_task('text'), 16e12)
+  assert row['mfu'] == pytest.approx(0.25)  # 4 x 1e12 / 16e12
+  assert (row['examples_per_sec'], row['tokens_per_sec']) == (8.0, 1024.0)
+  retrieval = benchmark.tasks.get_task('retrieval')  # two documents
+  benchmark.add_rates(row, config, retrieval)
+  assert row['tokens_per_example'] == 256 and row['mfu'] is None
+
+
+def _fake_cell(code):
+  return [sys.executable, '-c', code]
+
+
+def test_deadline_records_a_timeout_and_the_next_cell_runs(
+  tmp_path, monkeypatch
+):
+  """A cell past --cell_timeout_s is killed and recorded; the next cell
+  runs; benchmark.json holds every finished cell before the next starts."""
+  row = dict.fromkeys(benchmark.ROW_FIELDS)
+  row.update(
+    model='transformer',
+    length=64,
+    status='ok',
+    steps_per_sec=2.0,
+    examples_per_sec=4.0,
+    tokens_per_sec=256.0,
+    peak_memory_bytes=1e6,
+    batch_size=2,
+    preset='tiny',
+    mode='latency',
+    timed_steps=1,
+    warmup_steps=0,
+    backend='cpu',
+    device_kind='cpu',
+    device_count=1,
+    model_config=benchmark.model_summary(benchmark.text_config('transformer')),
+  )
+
+  def cell_command(spec, row_path):
+    if spec['length'] == 32:  # hangs
+      return _fake_cell('import time; time.sleep(120)')
+    # Copies what the run had written when this cell started, then
+    # writes its row as a cell's process does.
+    out = os.path.dirname(os.path.dirname(row_path))
+    return _fake_cell(
+      'import json, shutil, sys; '
+      f'shutil.copy({os.path.join(out, "benchmark.json")!r}, '
+      f'{os.path.join(out, "seen.json")!r}); '
+      f'json.dump({row!r}, open({row_path!r}, "w"))'
+    )
+
+  monkeypatch.setattr(benchmark, 'cell_command', cell_command)
+  rows = benchmark.run_benchmark(
+    ['transformer'],
+    [32, 64],
+    str(tmp_path),
+    preset='tiny',
+    batch_size=2,
+    num_steps=1,
+    warmup=0,
+    cell_timeout_s=3,
+  )
+  assert [r['status'] for r in rows] == ['timeout', 'ok']
+  assert 'ran past --cell_timeout_s=3' in rows[0]['error']
+  assert rows[0]['cell_seconds'] < 60  # killed, not waited for
+  assert rows[0]['isolation'] == rows[1]['isolation'] == 'process'
+  seen = json.loads((tmp_path / 'seen.json').read_text())
+  assert [(r['length'], r['status']) for r in seen] == [(32, 'timeout')]
+  table = (tmp_path / 'benchmark.md').read_text()
+  assert '| transformer | timeout | 2 (1.0x) |' in table
+  assert 'transformer at 32: timeout, ran past' in table
+
+
+def test_a_cell_process_that_dies_is_an_error(tmp_path, monkeypatch):
+  monkeypatch.setattr(
+    benchmark,
+    'cell_command',
+    lambda spec, path: _fake_cell('import sys; print("boom"); sys.exit(3)'),
+  )
+  (row,) = benchmark.run_benchmark(
+    ['transformer'],
+    [32],
+    str(tmp_path),
+    preset='tiny',
+    batch_size=2,
+    num_steps=1,
+    warmup=0,
+    cell_timeout_s=30,
+  )
+  assert row['status'] == 'error'
+  assert 'exited with status 3' in row['error'] and 'boom' in row['error']
+
+
+def test_loop_rate_from_metrics_rows():
+  rows = [
+    {'step': 2, 'split': 'train', 'steps_per_sec': 50.0},  # 1-2: warm-up
+    {'step': 4, 'split': 'train', 'steps_per_sec': 1.0},  # 2-4: warm-up
+    {'step': 5, 'split': 'val', 'accuracy': 0.5},
+    {'step': 6, 'split': 'train', 'steps_per_sec': 10.0},  # 4-6: 0.2 s
+    {'step': 9, 'split': 'train', 'steps_per_sec': 3.0},  # 6-9: 1 s
+  ]
+  assert benchmark.loop_rate(rows) == (5, pytest.approx(5 / 1.2))
+  # Without enough rows to leave the warm-up out, all of them.
+  assert benchmark.loop_rate(rows[:2]) == (3, pytest.approx(3 / 2.02))
+  assert benchmark.loop_rate([{'step': 1, 'split': 'train'}]) == (0, None)
+  config = benchmark.cell_config('transformer', 64, 'tiny', 2)
+  config.log_every_steps = 4
+  config = benchmark.loop_config(config, 5)
+  assert config.num_train_steps == 13 == config.eval_every_steps  # 2 x 4 + 5
+  assert config.checkpoint_every_steps == 13 and config.length_schedule == ''
+
+
+def test_loop_mode_needs_a_config(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, 'benchmark.py', '--mode=loop', '--out', tmp_path],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2
+  assert proc.stderr.strip().startswith("error: --mode=loop runs train.py's")
+
+
+@pytest.mark.slow
+def test_loop_mode_against_the_bare_step(tmp_path, smoke_data_dir):
+  (row,) = benchmark.run_config_benchmark(
+    [f'--config={SMOKE}', f'--config.data_dir={smoke_data_dir}'],
+    str(tmp_path),
+    num_steps=2,
+    warmup=1,
+    mode='loop',
+  )
+  assert row['status'] == 'ok', row['error']
+  assert row['bare_steps_per_sec'] == row['steps_per_sec'] > 0
+  # Smoke logs every 2 steps: 2 x 2 warm-up steps, then the 2 timed ones.
+  assert row['loop_timed_steps'] == 2
+  assert row['loop_over_bare'] == pytest.approx(
+    row['loop_steps_per_sec'] / row['bare_steps_per_sec']
+  )
+  table = (tmp_path / 'benchmark.md').read_text()
+  assert '### Training loop against the bare step' in table
