@@ -30,6 +30,9 @@ class Progress:
     self.schedule, self.acc_key = schedule, acc_key
     self.accum = max(config.grad_accum_steps, 1)
     self.pending = []
+    # The schedule's first evaluation compiles its ops (about 1 s on a CPU):
+    # done now, not inside the first timed stretch of steps.
+    float(schedule(0))
     self.timer = StepTimer()
     self.bar = tqdm(
       total=config.num_train_steps,
