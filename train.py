@@ -350,6 +350,40 @@ def save_due(config: ConfigDict, step: int, last_save_s: float) -> bool:
   return processes.agree(due)
 
 
+def prefetched(
+  config: ConfigDict,
+  task: tasks.Task,
+  data: dict,
+  stages: list,
+  batch_sharding,
+  start: int,
+) -> Prefetcher:
+  """(step, (device batch, key)) for the steps after `start`, made
+  config.prefetch steps ahead on a worker thread (lra/prefetch.py): one
+  transfer per batch; the key of step s is fold_in(key(seed) + 1, s)."""
+  base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
+
+  def prepared(step):
+    batch = training_batch(config, task, data, stages, step - 1)
+    key = jax.random.fold_in(base_key, step)
+    return runtime.to_device(batch, batch_sharding), key
+
+  steps_left = range(start + 1, config.num_train_steps + 1)
+  return Prefetcher(prepared, steps_left, config.get('prefetch', 2))
+
+
+def exit_interrupted(last_good: int, preempted: bool) -> None:
+  """Says where the latest checkpoint is and exits 130 (Ctrl-C) or 143
+  (SIGTERM: preempted)."""
+  where = f'step {last_good}' if last_good else 'no checkpoint yet'
+  print(
+    f'{"Preempted (SIGTERM)" if preempted else "Interrupted"}; latest '
+    f'checkpoint: {where}. Run the same command to resume.',
+    file=sys.stderr,
+  )
+  sys.exit(143 if preempted else 130)
+
+
 def train_and_evaluate(
   config: ConfigDict,
   workdir: str,
@@ -389,7 +423,6 @@ def train_and_evaluate(
     return json.load(open(results_path))
 
   # ------------------------------------------------------------------ loop
-  base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
   acc_key = objectives.accuracy_key(config)
   progress = Progress(
     config,
@@ -401,19 +434,10 @@ def train_and_evaluate(
     primary=processes.is_primary(),
   )
   last_good, last_save_s = start, time.monotonic()
-
-  def prepared(step):
-    """The step's device batch and key, made `prefetch` steps ahead on a
-    worker thread (lra/prefetch.py): one transfer per batch."""
-    batch = training_batch(config, task, data, stages, step - 1)
-    key = jax.random.fold_in(base_key, step)
-    return runtime.to_device(batch, batch_sharding), key
-
-  steps_left = range(start + 1, config.num_train_steps + 1)
   try:
     with (
       stop_requests() as stop_requested,
-      Prefetcher(prepared, steps_left, config.get('prefetch', 2)) as batches,
+      prefetched(config, task, data, stages, batch_sharding, start) as batches,
     ):
       for step, (batch, key) in batches:
         state, metrics = train_step(state, batch, key)
@@ -451,14 +475,7 @@ def train_and_evaluate(
   except KeyboardInterrupt:
     progress.close()
     ckpt.close()  # waits for the last save to be written
-    where = f'step {last_good}' if last_good else 'no checkpoint yet'
-    preempted = signal.SIGTERM in stop_requested
-    print(
-      f'{"Preempted (SIGTERM)" if preempted else "Interrupted"}; latest '
-      f'checkpoint: {where}. Run the same command to resume.',
-      file=sys.stderr,
-    )
-    sys.exit(143 if preempted else 130)
+    exit_interrupted(last_good, signal.SIGTERM in stop_requested)
   except NonFiniteLoss as e:
     progress.close()
     raise non_finite_error(e, config, workdir, last_good) from None
