@@ -6,20 +6,41 @@ Evaluation walks a split in order; the last batch is padded with weight-0
 rows so no example is dropped or counted twice.
 
 Each host builds only its own rows of the global batch (multi-host ready).
+
+Labels are int [N] (a class per example) or, for a task with a label per
+position (lra/tasks/mqar.py), int [N, L] with IGNORE (-100) where a
+position is not labelled: the batch then holds labels [B, L] (IGNORE
+replaced by 0) and weights [B, L] (the row's weight where labelled, else
+0), cut or padded to the length as the inputs are.
 """
 
 import functools
 
 import numpy as np
 
+IGNORE = -100  # a per-position label that counts nothing
 
-def fit_length(inputs, length):
-  """Cuts or zero-pads the last axis to `length`."""
+
+def fit_length(inputs, length, fill=0):
+  """Cuts or pads (with `fill`, default 0) the last axis to `length`."""
   width = inputs.shape[-1]
   if width >= length:
     return np.asarray(inputs[..., :length])
   pad = [(0, 0)] * (inputs.ndim - 1) + [(0, length - width)]
-  return np.pad(np.asarray(inputs), pad)
+  return np.pad(np.asarray(inputs), pad, constant_values=fill)
+
+
+def targets(labels, weights_N, length):
+  """(labels, weights) of a batch: a label per example [N] as it is, with
+  the row weights; per-position labels [N, L] fitted to `length`, IGNORE
+  made 0 with weight 0, weights [N, L] = the row's weight where labelled."""
+  labels = np.asarray(labels)
+  if labels.ndim == 1:
+    return labels.astype(np.int32), weights_N
+  labels_NxL = fit_length(labels, length, fill=IGNORE)
+  labelled_NxL = labels_NxL != IGNORE
+  weights_NxL = labelled_NxL * np.asarray(weights_N, np.float32)[:, None]
+  return np.where(labelled_NxL, labels_NxL, 0).astype(np.int32), weights_NxL
 
 
 @functools.lru_cache(maxsize=4)
@@ -59,10 +80,13 @@ def train_batch(
   # before each process takes its rows, so every row holds the same example
   # (and meets the same dropout mask) with any number of processes.
   idx = np.sort(idx)[host_slice(global_batch, process_index, process_count)]
+  batch_labels, weights = targets(
+    labels[idx], np.ones(len(idx), np.float32), length
+  )
   return {
     'inputs': fit_length(inputs[idx], length).astype(np.int32),
-    'labels': np.asarray(labels[idx], np.int32),
-    'weights': np.ones(len(idx), np.float32),
+    'labels': batch_labels,
+    'weights': weights,
   }
 
 
@@ -76,10 +100,13 @@ def eval_batches(
     idx = np.arange(start, start + global_batch)[rows]
     real = idx < n
     idx = np.where(real, idx, 0)
+    batch_labels, weights = targets(
+      labels[idx], real.astype(np.float32), length
+    )
     yield {
       'inputs': fit_length(inputs[idx], length).astype(np.int32),
-      'labels': np.asarray(labels[idx], np.int32),
-      'weights': real.astype(np.float32),
+      'labels': batch_labels,
+      'weights': weights,
     }
 
 

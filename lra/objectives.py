@@ -8,6 +8,15 @@
                (default 0.15); a chosen token becomes the mask id (80%), a
                random real token (10%) or stays (10%); the loss counts the
                chosen positions only.
+  'per_position'  the task's own labels, one per position (a task with
+               Task.per_position: mqar, lra/tasks/mqar.py): the data give
+               labels [N, L] and lra/batching.py weights [N, L], 1 where a
+               position is labelled, so the loss and the accuracy count the
+               labelled positions only. The model is the LanguageModel
+               (models/lm.py), causal when the task says so (mqar's form).
+               Its metrics are a classification's ('accuracy' over the
+               labelled positions; the best checkpoint has the highest
+               validation accuracy); no length_schedule.
 
 The LM objectives pretrain on the task's own training inputs, no labels,
 as Amos, Berant and Gupta ("Never Train from Scratch", arXiv 2310.02980)
@@ -32,9 +41,10 @@ depend on the number of processes and a resumed run sees the same masks.
 
 import numpy as np
 
+from lra import tasks
 from lra.errors import UserError
 
-OBJECTIVES = ('classify', 'causal_lm', 'masked_lm')
+OBJECTIVES = ('classify', 'causal_lm', 'masked_lm', 'per_position')
 LM_OBJECTIVES = ('causal_lm', 'masked_lm')
 _STREAM = {'train': 0, 'eval': 1}
 _TAG = 0x4D4C4D  # 'MLM': keeps these draws apart from the data order's
@@ -50,12 +60,31 @@ def is_lm(config):
 
 
 def check(config):
-  """One sentence for a bad objective or mask_rate."""
+  """One sentence for a bad objective or mask_rate, or an objective that
+  does not fit the task's labels (per position or per example)."""
   name = objective(config)
   if name not in OBJECTIVES:
     raise UserError(
       f'--config.objective={name} is not one of {", ".join(OBJECTIVES)}; '
       'e.g. --config.objective=masked_lm.'
+    )
+  per_position = tasks.get_task(config.task).per_position
+  if per_position and name != 'per_position':
+    raise UserError(
+      f'The {config.task} task has a label per position, which '
+      f'--config.objective={name} does not read; use '
+      '--config.objective=per_position.'
+    )
+  if name == 'per_position' and not per_position:
+    raise UserError(
+      f'--config.objective=per_position needs a task with a label per '
+      f'position (mqar); {config.task} has one per example: use '
+      '--config.objective=classify.'
+    )
+  if name == 'per_position' and config.get('length_schedule', ''):
+    raise UserError(
+      '--config.length_schedule crops the inputs but not the per-position '
+      "labels of objective per_position; set --config.length_schedule=''."
     )
   rate = config.get('mask_rate', 0.15)
   ok = isinstance(rate, (int, float)) and not isinstance(rate, bool)
@@ -178,8 +207,9 @@ def lm_batch(
 
 
 def finish(sums, config):
-  """Summed metrics -> the objective's: classification {'loss',
-  'accuracy', 'count'}; LM {'loss', 'token_accuracy', 'count'} (count:
+  """Summed metrics -> the objective's: classification and per_position
+  {'loss', 'accuracy', 'count'} (per_position: over the labelled positions,
+  count their number); LM {'loss', 'token_accuracy', 'count'} (count:
   the positions counted) and, for causal_lm, 'perplexity' = exp(loss)."""
   count = max(float(sums['count']), 1.0)
   loss = float(sums['loss_sum']) / count

@@ -99,7 +99,9 @@ def check_prefix_padding(config):
 def build_model(config, task, seed=None):
   """Builds the model for `task` (an lra.tasks.Task) from the config: the
   classifier, or for an LM objective (config.objective, lra/objectives.py)
-  the LanguageModel (models/lm.py), checked for a causal mask first."""
+  the LanguageModel (models/lm.py), checked for a causal mask first; for
+  objective per_position (a label per position: mqar) the LanguageModel
+  over the data's vocabulary, causal when the task's form is."""
   seed = config.seed if seed is None else seed
   rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0))
   pad_id = task.pad_id
@@ -107,13 +109,18 @@ def build_model(config, task, seed=None):
     pad_id = 0  # the LRA reference: black pixels masked as padding
     check_prefix_padding(config)
   objective = config.get('objective', 'classify')
-  if objective in ('causal_lm', 'masked_lm'):
+  if objective in ('causal_lm', 'masked_lm', 'per_position'):
+    vocab_size, causal = task.vocab_size, objective == 'causal_lm'
+    if objective == 'per_position':  # the task's labels at every position
+      options = config.data.to_dict()
+      vocab_size = task.vocab_size_for(options)
+      causal = task.causal_for(options)
     model = LanguageModel(
       config.model,
-      vocab_size=task.vocab_size,
+      vocab_size=vocab_size,
       max_length=config.max_length,
       pad_id=pad_id,
-      causal=objective == 'causal_lm',
+      causal=causal,
       dtype=as_dtype(config.dtype),
       rngs=rngs,
     )

@@ -146,6 +146,71 @@ class MixerSublayer(nnx.Module):
     return zero_padded(y_BxLxE, mask), aux
 
 
+class ShortConv(nnx.Module):
+  """model.short_conv=K: a depthwise causal convolution of width K on the
+  block's (normalised) input, before the attention or mixing sub-layer.
+
+  Zoology's short convolution (Arora, Eyuboglu et al. 2023, "Zoology:
+  Measuring and Improving Recall in Efficient Language Models", arXiv
+  2312.04927: the gated BaseConv with a width-3 ShortConvolution that its
+  MQAR models put before attention), after H3's shift SSM (Fu, Dao et al.
+  2022, "Hungry Hungry Hippos", arXiv 2212.14052); here the plain
+  convolution, no gate and no residual:
+
+    y_t = b + sum_{j=0}^{K-1} w_j * x_{t-j}   per channel, x_{t<0} = 0
+
+  so position t sees t-K+1 .. t only (causal: the block's attention then
+  compares a token with its predecessors, the two-step recall of an
+  induction head in one layer). Padded positions are zeroed first (a pad
+  never reaches a real token). Initialised with every tap 1/sqrt(K) and
+  b = 0: each position starts as the scaled sum of its last K tokens, so
+  queries and keys share the embedding dimensions of the token they match
+  (a group-wise shift, channel group j copying the token j back, shows
+  them disjoint dimensions of that token and learned MQAR slowest of the
+  three tried; the identity, w_0 = 1 only, was no faster than this). No
+  random draw: the rest of the model is initialised exactly as without
+  the convolution. Time O(B L K E), memory
+  O(B L E). The segment-recurrent encoder (transformer_xl, ...) convolves
+  each segment alone: a segment's first K-1 tokens do not see the previous
+  segment's last ones.
+  """
+
+  def __init__(self, emb_dim, width, *, dtype):
+    # No random draw: the parameters of the rest of the model are those of
+    # the model without the convolution. Every tap 1 / sqrt(K).
+    self.kernel_KxE = nnx.Param(
+      jnp.full((width, emb_dim), width**-0.5, jnp.float32)
+    )
+    self.bias_E = nnx.Param(jnp.zeros((emb_dim,), jnp.float32))
+    self.width = width
+    self.dtype = dtype
+
+  def __call__(self, x_BxLxE, mask):
+    x_BxLxE = zero_padded(x_BxLxE, mask)
+    length = x_BxLxE.shape[1]
+    w_KxE = self.kernel_KxE[...].astype(x_BxLxE.dtype)
+    y_BxLxE = x_BxLxE * w_KxE[0] + self.bias_E[...].astype(x_BxLxE.dtype)
+    for j in range(1, min(self.width, length)):  # tap j: the token j back
+      shifted_BxLxE = jnp.pad(
+        x_BxLxE[:, : length - j], ((0, 0), (j, 0), (0, 0))
+      )
+      y_BxLxE = y_BxLxE + shifted_BxLxE * w_KxE[j]
+    return y_BxLxE
+
+
+def short_conv(cfg, emb_dim, dtype):
+  """The block's ShortConv of width model.short_conv, or None for 0 (the
+  default, and configs made before the option): then the block is exactly
+  the one without it. A bad width is one sentence."""
+  width = cfg.get('short_conv', 0)
+  if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+    raise UserError(
+      f'model.short_conv must be an integer >= 0 (0: none), got {width!r}; '
+      'e.g. --config.model.short_conv=2.'
+    )
+  return ShortConv(emb_dim, width, dtype=dtype) if width else None
+
+
 def sequence_mixing(emb_dim, qkv_dim, num_heads, attention, **kw):
   """The attention sub-layer of a block: MultiHeadAttention around an
   attention core, or a MixerSublayer around a sequence mixer (the
@@ -197,6 +262,9 @@ class TransformerBlock(nnx.Module):
     )
     self.dropout_rate = cfg.dropout_rate
     self.ffn_chunks = checked_ffn_chunks(cfg)
+    # model.short_conv > 0: ShortConv on LN(x) before the attention (None:
+    # off, the model is exactly the one without).
+    self.short_conv = short_conv(cfg, e, dtype)
 
   def __call__(self, x_BxLxE, mask: Mask, *, key=None, memory=None, offset=0):
     """-> (x, aux); memory: a recurrent core's memory of the previous
@@ -223,8 +291,11 @@ class TransformerBlock(nnx.Module):
     key: the attention core's call-time key; dropout_key: the residual
     dropout's (None: deterministic); memory: passed to the core.
     """
+    h_BxLxE = self.ln_attn(x_BxLxE)
+    if self.short_conv is not None:  # model.short_conv
+      h_BxLxE = self.short_conv(h_BxLxE, mask)
     h_BxLxE, aux = self.attn(
-      self.ln_attn(x_BxLxE), mask, key=key, memory=memory, offset=offset
+      h_BxLxE, mask, key=key, memory=memory, offset=offset
     )
     return dropout(h_BxLxE, self.dropout_rate, dropout_key), aux
 
@@ -305,6 +376,8 @@ class SSMBlock(nnx.Module):
       positions=cfg.positions,
     )
     self.dropout_rate = cfg.dropout_rate
+    # model.short_conv > 0: ShortConv on the mixer's input (None: off).
+    self.short_conv = short_conv(cfg, e, dtype)
 
   def normalise(self, x_BxLxE, mask, training):
     if self.norm_kind == 'layer':
@@ -323,6 +396,8 @@ class SSMBlock(nnx.Module):
     h_BxLxE = (
       self.normalise(x_BxLxE, mask, training) if self.prenorm else x_BxLxE
     )
+    if self.short_conv is not None:  # model.short_conv
+      h_BxLxE = self.short_conv(h_BxLxE, mask)
     h_BxLxE, aux = self.attn(
       h_BxLxE, mask, key=k_mix, memory=memory, offset=offset
     )

@@ -21,6 +21,11 @@ The head (model.tie_lm_head):
                   learns then lands in the part that is transferred.
   untied          a Linear(emb_dim, V) of its own.
 
+Objective per_position (lra/objectives.py: a label per position from the
+data, mqar) uses this model too, over the data's vocabulary, causal when
+the task's form is; mqar's bidirectional form puts the mask id V in its
+answer slots.
+
 causal_lm needs every core to admit a causal mask: the builder traces the
 model once with it, so a core that cannot be causal (Linformer, Sinkhorn,
 Longformer with global tokens) stops the run with its own sentence

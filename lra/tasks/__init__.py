@@ -9,12 +9,15 @@ This package holds the task data, apart from the training harness around it
   image.py           grayscale CIFAR-10 (python tarball or TFDS files)
   pathfinder.py      Pathfinder and Path-X: generated, or the LRA release
   pathfinder_gen.py  the Pathfinder image generator, vectorised over images
+  mqar.py            multi-query associative recall (Zoology), generated,
+                     with a label per position
   tfrecord.py        TFRecord files read without TensorFlow
   release.py         where a converted task finds its release files
   cache.py           the per-split .npy caches every task is prepared into
 
 and this registry: one `Task` per task name (listops, text, retrieval, image,
-pathfinder, pathx), looked up as `tasks.get_task(name)` or `tasks.TASKS`.
+pathfinder, pathx, mqar), looked up as `tasks.get_task(name)` or
+`tasks.TASKS`.
 Nothing here imports models/ or the training harness (lra.runtime, ...).
 
 A task module (listops.py, text.py, ...) provides two functions:
@@ -34,6 +37,20 @@ and may provide
       Settles the options that depend on the files under data_dir (Pathfinder
       turns source='auto' into 'release' or 'generate'), so the cache name
       says which data it holds.
+
+A task with a label per position (Task.per_position: mqar; objective
+'per_position', lra/objectives.py) caches labels int32 [N, L] (-100 where
+a position is not labelled) and provides
+
+  vocab_size(options) -> int   the ids the model reads (a data option)
+  causal(options) -> bool      whether its model runs under a causal mask
+
+and any task may provide
+
+  extra_test_splits(options) -> {name: cache split}
+      Test splits beyond train/val/test (mqar's data.test_splits), cached
+      by `prepare` beside the others and evaluated at the end of a run on
+      the best checkpoint (results.json `test_splits`).
 
 `options` is the task config's `data` block as a dict.
 """
@@ -58,6 +75,8 @@ class Task:
   # Data options this task implies (pathx = Pathfinder at 128 px); options
   # given by a config or the command line override them.
   defaults: tuple = ()
+  # A label per position (mqar): labels [N, L], objective 'per_position'.
+  per_position: bool = False
 
   def _module(self):
     return importlib.import_module(self.module)
@@ -77,6 +96,30 @@ class Task:
     fn = getattr(self._module(), 'transform', None)
     return fn(splits, self.options(options)) if fn else splits
 
+  # Per-position tasks and extra test splits (mqar; module docstring).
+  def vocab_size_for(self, options):
+    """The vocabulary of these data options (the module's `vocab_size`
+    when it has one, else the task's)."""
+    fn = getattr(self._module(), 'vocab_size', None)
+    return fn(self.options(options)) if fn else self.vocab_size
+
+  def causal_for(self, options):
+    """Whether a per-position task's model is causal (module `causal`)."""
+    return bool(self._module().causal(self.options(options)))
+
+  def extra_test_splits(self, options):
+    """{name: cache split} of the extra test splits ({} for most tasks)."""
+    fn = getattr(self._module(), 'extra_test_splits', None)
+    return fn(self.options(options)) if fn else {}
+
+  def load_extra_test_splits(self, data_dir, options):
+    """{name: (inputs, labels)} of the extra test splits, from the cache."""
+    path = self.cache_dir(data_dir, options)
+    return {
+      name: cache.load_split(path, split)
+      for name, split in self.extra_test_splits(options).items()
+    }
+
   def cache_dir(self, data_dir, options):
     options = self.resolved(data_dir, options)
     return os.path.join(data_dir, self.name, self._module().cache_name(options))
@@ -85,7 +128,10 @@ class Task:
     """Returns the cache dir, preparing it first if it is incomplete."""
     options = self.resolved(data_dir, options)
     path = self.cache_dir(data_dir, options)
-    if not cache.is_complete(path):
+    extra = self.extra_test_splits(options).values()
+    if not cache.is_complete(path) or not all(
+      cache.has_split(path, s) for s in extra  # (mqar's extra test splits)
+    ):
       self._module().prepare(path, data_dir, options, progress)
     return path
 
@@ -107,6 +153,12 @@ TASKS = {
       True,
       'lra.tasks.pathfinder',
       (('resolution', 128),),
+    ),
+    # Multi-query associative recall: labels per position; the vocabulary
+    # (here Zoology's default 8,192, also the classes: a token per
+    # position) is a data option (vocab_size_for).
+    Task(
+      'mqar', 8192, 8192, 0, 1, True, 'lra.tasks.mqar', per_position=True
     ),
   ]
 }
