@@ -29,6 +29,7 @@ metrics.jsonl then records its `length`).
 """
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -581,6 +582,11 @@ def finish(config, workdir, task, log, select, best, tested):
   }
   if lm:  # no accuracy to report: best is the lowest validation loss
     del results['select']
+  # The attention options this run changed from its command's config
+  # (configs/<task>.py:<model>,<preset>): eval.py --table labels it by them.
+  changed = changed_from_command(config)
+  if changed:
+    results[rundir.ATTENTION_OPTIONS_KEY] = changed
   if tested.get('test_splits'):  # the task's extra test splits (mqar)
     results['test_splits'] = tested['test_splits']
   if processes.is_primary():
@@ -592,6 +598,18 @@ def finish(config, workdir, task, log, select, best, tested):
     print(where_results(workdir, log.tensorboard is not None))
   log.close()
   return results
+
+
+def changed_from_command(config: ConfigDict) -> dict:
+  """{option: value} of model.attention that differ from the task config's
+  own for this model and preset (the --config.model.attention flags)."""
+  module = importlib.import_module(f'configs.{config.task}')
+  spec = ','.join([config.model_name, *filter(None, [config.preset])])
+  try:
+    reference = module.get_config(spec)
+  except (ValueError, UserError):
+    return {}
+  return model_configs.changed_options(config, reference)
 
 
 def summary(config, best, test, last_step, test_last, select):

@@ -34,9 +34,12 @@ def paper() -> dict:
 
 def paper_value(table1: dict, model: str, task: str) -> float | None:
   """The paper's Table 1 number of `model` on `task` (a column of
-  table1['columns'], 'avg' included); None for a model or cell it lacks."""
+  table1['columns'], 'avg' included); None for a model, task (mqar) or
+  cell it lacks."""
   ref = table1.get(model)
-  return None if ref is None else ref[table1['columns'].index(task)]
+  if ref is None or task not in table1['columns']:
+    return None
+  return ref[table1['columns'].index(task)]
 
 
 def lra_average(scores: dict[str, float]) -> float | None:

@@ -192,7 +192,7 @@ def read_runs(runs_dir: str) -> list[dict]:
     results = rundir.read_results(workdir)
     if results is None:
       raise UserError(f'{path} is not valid JSON; rerun or remove that run.')
-    if results.get('objective', 'classify') != 'classify':
+    if rundir.is_lm_run(results):
       continue  # a pretraining run (causal_lm, masked_lm): no class accuracy
     config = rundir.read_config(workdir)
     select = rundir.selection_of(results, config)
@@ -311,8 +311,9 @@ def accuracy_table(runs_dir):
   groups = group_runs(read_runs(runs_dir))
   table1 = paper()['table1_accuracy']
   rows = {}
-  for g in groups:
-    rows.setdefault(g['label'], {})[g['task']] = g
+  for g in groups:  # tasks beyond LRA (mqar) are in the second table only
+    if g['task'] in TASK_COLUMNS:
+      rows.setdefault(g['label'], {})[g['task']] = g
   model_of = {g['label']: g['model'] for g in groups}
   # Paper models first; a model's reference row before its variants.
   labels = sorted(
@@ -389,7 +390,7 @@ def pretraining_runs(runs_dir: str) -> list[dict]:
   runs = []
   for path in paths:
     results = rundir.read_results(os.path.dirname(path))
-    if not results or results.get('objective', 'classify') == 'classify':
+    if not results or not rundir.is_lm_run(results):
       continue
     config = rundir.read_config(os.path.dirname(path))
     test = results.get('test') or {}

@@ -145,12 +145,23 @@ def latest_step(workdir: str) -> int:
 
 
 # -------------------------------------------------------- selection
+# The objectives whose results hold accuracies (lra/objectives.py): a
+# classification per example, or per labelled position (mqar); the others
+# (causal_lm, masked_lm) are pretraining runs with losses.
+ACCURACY_OBJECTIVES = ('classify', 'per_position')
+
+
+def is_lm_run(results: dict) -> bool:
+  """True for a run of an LM objective (pretraining: no accuracy)."""
+  return results.get('objective', 'classify') not in ACCURACY_OBJECTIVES
+
+
 def selection_of(results: dict, config: dict | None = None) -> str | None:
   """Which test entry of `results` the run reports: 'best_val' (`test`) or
   'last' (`test_last`); None for an LM objective. `config` is the run's
   config.json, read only when results.json has no `select` (see the
   module docstring for the rule)."""
-  if results.get('objective', 'classify') != 'classify':
+  if is_lm_run(results):
     return None
   select = results.get('select')
   if not select:
