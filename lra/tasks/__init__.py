@@ -130,7 +130,8 @@ class Task:
     path = self.cache_dir(data_dir, options)
     extra = self.extra_test_splits(options).values()
     if not cache.is_complete(path) or not all(
-      cache.has_split(path, s) for s in extra  # (mqar's extra test splits)
+      cache.has_split(path, s)
+      for s in extra  # (mqar's extra test splits)
     ):
       self._module().prepare(path, data_dir, options, progress)
     return path
@@ -157,9 +158,7 @@ TASKS = {
     # Multi-query associative recall: labels per position; the vocabulary
     # (here Zoology's default 8,192, also the classes: a token per
     # position) is a data option (vocab_size_for).
-    Task(
-      'mqar', 8192, 8192, 0, 1, True, 'lra.tasks.mqar', per_position=True
-    ),
+    Task('mqar', 8192, 8192, 0, 1, True, 'lra.tasks.mqar', per_position=True),
   ]
 }
 
