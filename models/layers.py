@@ -211,6 +211,22 @@ def short_conv(cfg, emb_dim, dtype):
   return ShortConv(emb_dim, width, dtype=dtype) if width else None
 
 
+def block_sublayer(cfg, max_length, dtype, rngs, layer_index):
+  """A block's sequence-mixing sub-layer from the model config `cfg`."""
+  return sequence_mixing(
+    cfg.emb_dim,
+    cfg.qkv_dim,
+    cfg.num_heads,
+    cfg.attention,
+    max_length=max_length,
+    dropout_rate=cfg.attention_dropout_rate,
+    dtype=dtype,
+    rngs=rngs,
+    layer_index=layer_index,
+    positions=cfg.positions,
+  )
+
+
 def sequence_mixing(emb_dim, qkv_dim, num_heads, attention, **kw):
   """The attention sub-layer of a block: MultiHeadAttention around an
   attention core, or a MixerSublayer around a sequence mixer (the
@@ -244,18 +260,7 @@ class TransformerBlock(nnx.Module):
   def __init__(self, cfg, *, max_length, dtype, rngs, layer_index=0):
     e = cfg.emb_dim
     self.ln_attn = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
-    self.attn = sequence_mixing(
-      e,
-      cfg.qkv_dim,
-      cfg.num_heads,
-      cfg.attention,
-      max_length=max_length,
-      dropout_rate=cfg.attention_dropout_rate,
-      dtype=dtype,
-      rngs=rngs,
-      layer_index=layer_index,
-      positions=cfg.positions,
-    )
+    self.attn = block_sublayer(cfg, max_length, dtype, rngs, layer_index)
     self.ln_mlp = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
     self.mlp = Mlp(
       e, cfg.mlp_dim, dropout_rate=cfg.dropout_rate, dtype=dtype, rngs=rngs
@@ -363,18 +368,7 @@ class SSMBlock(nnx.Module):
       self.norm = nnx.BatchNorm(e, momentum=0.9, dtype=dtype, rngs=rngs)
     else:
       self.norm = nnx.LayerNorm(e, dtype=dtype, rngs=rngs)
-    self.attn = sequence_mixing(
-      e,
-      cfg.qkv_dim,
-      cfg.num_heads,
-      cfg.attention,
-      max_length=max_length,
-      dropout_rate=cfg.attention_dropout_rate,
-      dtype=dtype,
-      rngs=rngs,
-      layer_index=layer_index,
-      positions=cfg.positions,
-    )
+    self.attn = block_sublayer(cfg, max_length, dtype, rngs, layer_index)
     self.dropout_rate = cfg.dropout_rate
     # model.short_conv > 0: ShortConv on the mixer's input (None: off).
     self.short_conv = short_conv(cfg, e, dtype)
