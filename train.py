@@ -388,11 +388,11 @@ def exit_interrupted(last_good: int, preempted: bool) -> None:
 def train_and_evaluate(
   config: ConfigDict,
   workdir: str,
-  on_step: Callable[[int], None] | None = None,
+  on_step: Callable[[int, Checkpoints], None] | None = None,
 ) -> dict:
   """Trains, validates and tests one run in `workdir` (resuming it when it
-  has checkpoints); returns results.json's contents. on_step(step), when
-  given, is called after each step (tests: a kill at a chosen step)."""
+  has checkpoints); returns results.json's contents. on_step(step, ckpt),
+  when given, is called after each step (tests: a kill at a chosen step)."""
   select = check_inputs(config, workdir)
 
   # ---------------------------------------------- mesh, model, data, steps
@@ -470,16 +470,22 @@ def train_and_evaluate(
           last_good, last_save_s = step, time.monotonic()
           progress.resume_timer(step)
         if on_step is not None:
-          on_step(step)
+          on_step(step, ckpt)
         if stopping:
           raise KeyboardInterrupt
+      ckpt.wait()  # the last saves written (a failed one: one sentence)
   except KeyboardInterrupt:
     progress.close()
     ckpt.close()  # waits for the last save to be written
     exit_interrupted(last_good, signal.SIGTERM in stop_requested)
   except NonFiniteLoss as e:
     progress.close()
+    ckpt.close()  # the last good save written, the managers shut down
     raise non_finite_error(e, config, workdir, last_good) from None
+  except UserError:  # a save that failed: its sentence, nothing after it
+    progress.close()
+    ckpt.close(quiet=True)
+    raise
   progress.close()
 
   # ------------------------------------------------------------------ test
@@ -663,14 +669,20 @@ def define_flags():
   )
 
 
-def kill_after(stop_after: int | None) -> Callable[[int], None] | None:
+def kill_after(
+  stop_after: int | None,
+) -> Callable[[int, Checkpoints], None] | None:
   """The --stop_after_steps test hook: a callback that ends the process
-  abruptly (status 3, no save) after that step, as a kill would."""
+  abruptly (status 3, no save) after that step, as a kill would then. Saves
+  started at earlier steps are written first (a kill after them); one
+  started at this very step is cut short (a kill while it is written)."""
   if stop_after is None:
     return None
 
-  def on_step(step):
+  def on_step(step, ckpt):
     if step >= stop_after:
+      if ckpt.pending and ckpt.pending[1] < step:
+        ckpt.wait()
       sys.stdout.flush()
       os._exit(3)  # pylint: disable=protected-access
 

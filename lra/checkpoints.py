@@ -265,11 +265,19 @@ class Checkpoints:
     self._manager(which).reload()
     return dest
 
-  def close(self):
+  def close(self, quiet=False):
     """Waits for the save in flight (its error, if any, is raised after
-    the managers are closed)."""
+    the managers are closed); quiet: after an error, close without raising
+    another."""
     try:
       self.wait()
+    except UserError:
+      if not quiet:
+        raise
     finally:
-      self.latest.close()
-      self.best.close()
+      for mngr in (self.latest, self.best):
+        try:
+          mngr.close()
+        except Exception:  # pylint: disable=broad-except
+          if not quiet:
+            raise

@@ -264,7 +264,7 @@ def test_unknown_names_are_one_sentence(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
     "error: Unknown name 'listopz' in --tasks; valid: all, listops, text, "
-    'retrieval, image, pathfinder, pathx.'
+    'retrieval, image, pathfinder, pathx, mqar.'
   ]
   with pytest.raises(UserError, match=r"'performr' in --models; valid: all, "):
     plan('listops', 'transformer,performr', 'small', 'x')

@@ -225,6 +225,9 @@ def _positive_float(name, value, example):
 class Mamba(SequenceMixer):
   """Mamba's selective-SSM mixer (causal, or bidirectional by two scans)."""
 
+  rotary = None
+  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
+
   supports_causal = True
 
   def __init__(

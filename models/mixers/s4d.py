@@ -164,6 +164,9 @@ def fft_conv(u_BxLxE, k_fwd_ExL, k_bwd_ExL=None):
 class S4D(SequenceMixer):
   """S4D sequence mixer (see the module docstring)."""
 
+  rotary = None
+  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
+
   supports_causal = True
 
   def __init__(

@@ -137,6 +137,9 @@ def linear_scan(abar_N, bu_XxLxN, reverse=False, axis=1):
 class S5(SequenceMixer):
   """S5 sequence mixer (see the module docstring)."""
 
+  rotary = None
+  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
+
   supports_causal = True
 
   def __init__(
