@@ -83,10 +83,10 @@ import sys
 
 from absl import app, flags
 
-from lra import cli, validate
+from lra import cli, sweep_grid, validate
 from lra.errors import UserError
 from lra.sweep_estimate import DEFAULT_BENCH, dry_run
-from lra.sweep_plan import OVERRIDE, Catalogue, plan
+from lra.sweep_plan import OVERRIDE, Catalogue, plan, run_config
 from lra.sweep_run import Sweep
 
 
@@ -105,6 +105,13 @@ def define_flags() -> None:
     'smoke_spt, spt or none (default: none, the reference).',
   )
   flags.DEFINE_string('out', None, 'Sweep folder: OUT/<task>/<model>[-preset].')
+  flags.DEFINE_multi_string(
+    'grid',
+    [],
+    'key=v1,v2,...: config values to try per (task, model); several --grid '
+    'flags give their cross product; OUT/tuned.md reports the best on '
+    'validation (lra/sweep_grid.py).',
+  )
   flags.DEFINE_bool(
     'dry_run', False, 'Print the commands and estimated times; run nothing.'
   )
@@ -138,6 +145,21 @@ def catalogue() -> Catalogue:
   )
 
 
+def check_grid(runs) -> None:
+  """One sentence when a grid value is no valid config value (checked on
+  the first run of each combination: train.py's own parsing)."""
+  seen = set()
+  for run in runs:
+    if not run.grid or run.grid in seen:
+      continue
+    seen.add(run.grid)
+    _, problem = run_config(run)
+    if problem:
+      raise UserError(
+        f'--grid {sweep_grid.label(run.grid)} ({run.name}): {problem}'
+      )
+
+
 def main(argv: list[str]) -> None:
   overrides = [a for a in argv[1:] if OVERRIDE.match(a)]
   extra = [a for a in argv[1:] if not OVERRIDE.match(a)]
@@ -154,9 +176,17 @@ def main(argv: list[str]) -> None:
         f'Give --{missing[0]}, e.g. python -m lra.sweep --tasks listops '
         '--models all --preset small --out runs/sweep.'
       )
+    grid = sweep_grid.parse(f.grid, overrides)
     runs = plan(
-      f.tasks, f.models, f.preset, f.out, overrides, catalogue=catalogue()
+      f.tasks,
+      f.models,
+      f.preset,
+      f.out,
+      overrides,
+      catalogue=catalogue(),
+      grid=grid,
     )
+    check_grid(runs)
     if f.dry_run:
       dry_run(runs, f.bench)
       return

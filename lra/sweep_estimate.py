@@ -87,6 +87,9 @@ def estimate(run: Run, config, bench: tuple | None) -> tuple:
 
 def dry_run(runs: list[Run], bench_path: str | None) -> None:
   """Prints each run's command and estimated training time; writes nothing."""
+  combos = {r.grid for r in runs}
+  per = f' ({len(combos)} grid combinations each)' if len(combos) > 1 else ''
+  _print(f'{len(runs)} run{"s" * (len(runs) != 1)} planned{per}.')
   bench = load_benchmark(bench_path)
   if bench is None:
     _print(

@@ -12,7 +12,7 @@ import shlex
 from absl import flags
 from ml_collections import config_flags
 
-from lra import cli, tasks
+from lra import cli, sweep_grid, tasks
 from lra.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,14 +34,18 @@ class Run:
   out: str
   overrides: tuple = ()
   pretrained: str = ''
+  # One combination of the sweep's --grid: ((key, value), ...), appended
+  # to the command and naming a workdir below the (task, model)'s.
+  grid: tuple = ()
 
   @property
   def name(self):
     if self.pretrained:
       return f'{self.task}/{self.model}-{self.pretrained}-ft'
-    return f'{self.task}/{self.model}' + (
+    base = f'{self.task}/{self.model}' + (
       f'-{self.preset}' if self.preset else ''
     )
+    return f'{base}/{sweep_grid.label(self.grid)}' if self.grid else base
 
   @property
   def pretraining(self):
@@ -71,6 +75,7 @@ class Run:
       self.workdir,
       *init,
       *self.overrides,
+      *(f'--config.{k}={v}' for k, v in self.grid),
     ]
 
   def command(self):
@@ -139,11 +144,13 @@ def plan(
   overrides=(),
   *,
   catalogue: Catalogue,
+  grid: tuple = (),
 ) -> list[Run]:
   """The runs of a sweep, task by task, in the order given; a
   self-pretraining preset (catalogue.fine_tune, e.g. small_spt) gives two
   runs per (task, model): the pretraining, then the fine-tune from its
-  encoder."""
+  encoder. grid (lra/sweep_grid.py parse): each (task, model) runs once
+  per combination."""
   preset = '' if preset in ('', 'none') else preset
   known = (*catalogue.presets, *catalogue.aliases)
   if preset and preset not in known:
@@ -155,8 +162,16 @@ def plan(
   overrides = tuple(overrides)
   if preset not in catalogue.fine_tune:
     return [
-      Run(t, m, preset, out, overrides) for t in task_names for m in model_names
+      Run(t, m, preset, out, overrides, grid=combination)
+      for t in task_names
+      for m in model_names
+      for combination in sweep_grid.combinations(grid)
     ]
+  if grid:
+    raise UserError(
+      f'--grid does not combine with the self-pretraining preset {preset}; '
+      'grid the pretraining and the fine-tune as two sweeps.'
+    )
   given = [a for a in overrides if _override_key(a).startswith('init_from')]
   if given:
     raise UserError(

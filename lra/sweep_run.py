@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from lra import paper, report, rundir
+from lra import paper, report, rundir, sweep_grid
 from lra.errors import UserError
 from lra.metrics import read_rows, write_json
 from lra.sweep_plan import Run, run_config
@@ -52,6 +52,7 @@ def outcome(workdir: str) -> dict:
     'test_loss': None,
     'test_token_accuracy': None,
     'test_perplexity': None,
+    'test_splits': None,
   }
   results = rundir.read_results(workdir)
   if (
@@ -88,6 +89,11 @@ def outcome(workdir: str) -> dict:
     selection=select,
     val_loss=val.get('loss'),
     test_loss=test.get('loss'),
+    test_splits={
+      name: metrics.get('accuracy')
+      for name, metrics in (results.get('test_splits') or {}).items()
+    }
+    or None,
   )
   return out
 
@@ -238,6 +244,7 @@ class Sweep:
       'message': None,
       'wall_seconds': (self.entries.get(run.name) or {}).get('wall_seconds'),
       'num_train_steps': None,
+      'grid': dict(run.grid) if run.grid else None,
     }
     entry.update(outcome(run.workdir))
     entry.update(fields)
@@ -350,6 +357,9 @@ class Sweep:
       f.write(text + '\n')
     with open(os.path.join(self.out, 'runs.md'), 'w') as f:
       f.write(runs_markdown(rows) + '\n')
+    if any(r.get('grid') for r in rows):
+      with open(os.path.join(self.out, 'tuned.md'), 'w') as f:
+        f.write(sweep_grid.tuned_markdown(rows) + '\n')
 
   @property
   def _table_path(self):
@@ -363,6 +373,12 @@ def _print(text):
 def _say(text):
   """From a signal handler: unbuffered, so it cannot re-enter a write."""
   os.write(sys.stderr.fileno(), text.encode())
+
+
+def _preset_text(entry):
+  """The preset, then the run's grid combination: 'small, lr=3e-3'."""
+  grid = sweep_grid.label(tuple((entry.get('grid') or {}).items()))
+  return ', '.join(p for p in (entry.get('preset'), grid) if p) or '-'
 
 
 def runs_markdown(entries: list[dict]) -> str:
@@ -386,7 +402,7 @@ def runs_markdown(entries: list[dict]) -> str:
     wall = e.get('wall_seconds')
     rate = e.get('steps_per_sec')
     lines.append(
-      f'| {e["task"]} | `{e["model"]}` | {e.get("preset") or "-"} | '
+      f'| {e["task"]} | `{e["model"]}` | {_preset_text(e)} | '
       f'{"done" if e["status"] == "skipped" else e["status"]} | '
       f'{_percent(e.get("test_accuracy"))} | {best} | '
       f'{duration(wall) if wall else "-"} | '
