@@ -145,6 +145,18 @@ def catalogue() -> Catalogue:
   )
 
 
+def attention_problem(config) -> str | None:
+  """train.py's sentence for model.attention options its core does not
+  take (configs/models.py check_attention), or None."""
+  from configs import models  # pylint: disable=g-import-not-at-top
+
+  try:
+    models.check_attention(config)
+  except UserError as e:
+    return str(e)
+  return None
+
+
 def check_grid(runs) -> None:
   """One sentence when a grid value is no valid config value (checked on
   the first run of each combination: train.py's own parsing)."""
@@ -153,7 +165,9 @@ def check_grid(runs) -> None:
     if not run.grid or run.grid in seen:
       continue
     seen.add(run.grid)
-    _, problem = run_config(run)
+    config, problem = run_config(run)
+    if config is not None:
+      problem = attention_problem(config)
     if problem:
       raise UserError(
         f'--grid {sweep_grid.label(run.grid)} ({run.name}): {problem}'
