@@ -1,0 +1,108 @@
+"""python -m lra.mqar_report: the tuned choice per (model, form, width),
+the curve over pairs at the training length, the table and the plot."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lra import mqar_report
+from lra.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_sweep(folder, width, runs):
+  """A sweep.json of mqar runs with their config.json: runs are
+  (model, lr, val, test, {split: accuracy}, form)."""
+  entries = []
+  for model, lr, val, test, splits, form in runs:
+    workdir = os.path.join(folder, 'mqar', f'{model}-small', f'lr={lr}')
+    os.makedirs(workdir)
+    config = {
+      'data': {'form': form, 'seq_len': 128, 'num_kv_pairs': 8},
+      'model': {'emb_dim': width},
+    }
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      json.dump(config, f)
+    entries.append(
+      dict(
+        task='mqar',
+        model=model,
+        preset='small',
+        workdir=workdir,
+        grid={'learning_rate': lr},
+        status='done',
+        val_accuracy=val,
+        val_loss=1.0 - val,
+        test_accuracy=test,
+        test_splits=splits,
+      )
+    )
+  with open(os.path.join(folder, 'sweep.json'), 'w') as f:
+    json.dump({'command': 'x', 'runs': entries}, f)
+
+
+@pytest.fixture
+def sweeps(tmp_path):
+  splits = {'128:4': 1.0, '128:32': 0.5, '256:16': 0.25}
+  w64, w32 = str(tmp_path / 'w64'), str(tmp_path / 'w32')
+  write_sweep(
+    w64,
+    64,
+    [
+      ('transformer', '1e-3', 0.9, 0.91, splits, 'causal'),
+      ('transformer', '3e-3', 0.99, 0.98, splits, 'causal'),
+      ('local', '1e-3', 0.3, 0.31, {'128:4': 0.6}, 'causal'),
+      ('linformer', '1e-3', 0.5, 0.4, {}, 'bidirectional'),
+    ],
+  )
+  write_sweep(w32, 32, [('local', '1e-3', 0.2, 0.2, {}, 'causal')])
+  return w64, w32
+
+
+def test_rows_pick_the_best_on_validation_and_join_the_curve(sweeps):
+  rows = mqar_report.rows_of(list(sweeps))
+  by = {(r['model'], r['width']): r for r in rows}
+  t = by['transformer', 64]
+  assert t['choice'] == 'learning_rate=3e-3'
+  assert t['curve'] == {4: 1.0, 8: 0.98, 32: 0.5}  # 256:16 is not L=128
+  assert t['splits']['256:16'] == 0.25
+  assert by['local', 32]['curve'] == {8: 0.2}
+  text = mqar_report.markdown(rows)
+  line = [ln for ln in text.splitlines() if ln.startswith('| `transformer`')]
+  assert line == [
+    '| `transformer` | causal | 64 | learning_rate=3e-3 | 100.0 | 98.0 | '
+    '50.0 | 25.0 |'
+  ]
+  assert '| `linformer` | bi | 64 |' in text
+
+
+def test_command_writes_table_and_plot(sweeps, tmp_path):
+  out = str(tmp_path / 'out')
+  proc = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'lra.mqar_report',
+      f'--sweeps={",".join(sweeps)}',
+      f'--out={out}',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert os.path.getsize(os.path.join(out, 'mqar.png')) > 10_000
+  with open(os.path.join(out, 'mqar.md')) as f:
+    assert len(f.read().splitlines()) == 2 + 4
+
+
+def test_same_comparison_twice_and_no_sweep_are_one_sentence(sweeps, tmp_path):
+  with pytest.raises(UserError, match='is in both'):
+    mqar_report.rows_of([sweeps[1], sweeps[1]])
+  with pytest.raises(UserError, match='no sweep.json in it'):
+    mqar_report.rows_of([str(tmp_path)])
