@@ -26,7 +26,7 @@ def run_sweep(*args):
     cwd=ROOT,
     capture_output=True,
     text=True,
-    timeout=600,
+    timeout=1200,
   )
 
 
