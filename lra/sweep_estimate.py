@@ -88,7 +88,8 @@ def estimate(run: Run, config, bench: tuple | None) -> tuple:
 def dry_run(runs: list[Run], bench_path: str | None) -> None:
   """Prints each run's command and estimated training time; writes nothing."""
   combos = {r.grid for r in runs}
-  per = f' ({len(combos)} grid combinations each)' if len(combos) > 1 else ''
+  gridded = len(combos) > 1 and all(r.grid for r in runs)
+  per = f' ({len(combos)} grid combinations each)' if gridded else ''
   _print(f'{len(runs)} run{"s" * (len(runs) != 1)} planned{per}.')
   bench = load_benchmark(bench_path)
   if bench is None:

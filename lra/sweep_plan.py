@@ -203,7 +203,12 @@ def plan(
 def run_config(run: Run) -> tuple:
   """(the run's config as train.py will parse it, None) or (None, the one
   sentence train.py would print). Imports no jax."""
-  argv = ['train.py', f'--config={run.config_arg}', *run.overrides]
+  argv = [
+    'train.py',
+    f'--config={run.config_arg}',
+    *run.overrides,
+    *(f'--config.{k}={v}' for k, v in run.grid),
+  ]
   values = flags.FlagValues()
   config_flags.DEFINE_config_file(
     'config', None, '', flag_values=values, lock_config=True, sys_argv=argv

@@ -64,7 +64,7 @@ def outcome(workdir: str) -> dict:
   out['objective'] = results.get('objective', 'classify')
   out['steps_done'] = max(out['steps_done'], results.get('last_step') or 0)
   val = results.get('val') or {}
-  if out['objective'] != 'classify':
+  if rundir.is_lm_run(results):
     # An LM objective (pretraining): no class accuracy; the checkpoint of
     # the lowest validation loss, its loss, token accuracy, perplexity.
     test = results.get('test') or {}
@@ -128,7 +128,7 @@ def result_text(entry: dict) -> str:
   parts = []
   if entry.get('steps_per_sec'):
     parts.append(f'{entry["steps_per_sec"]:.3g} steps/s')
-  if entry.get('objective') not in (None, 'classify'):
+  if entry.get('objective') not in (None, *rundir.ACCURACY_OBJECTIVES):
     text = (
       f'{entry["objective"]}: best step {entry["best_step"]} (lowest val '
       f'loss), val loss {entry["val_loss"]:.4f}, test loss '
@@ -391,7 +391,7 @@ def runs_markdown(entries: list[dict]) -> str:
     '|---|---|---|---|---|---|---|---|---|',
   ]
   for e in entries:
-    if e.get('objective') not in (None, 'classify'):
+    if e.get('objective') not in (None, *rundir.ACCURACY_OBJECTIVES):
       continue
     paper_value = paper.paper_value(table1, e['model'], e['task'])
     best = (
