@@ -81,6 +81,13 @@ def get_base_config():
   # examples (classification: the prefix; LM objectives: random windows).
   # '' = every step at max_length.
   c.length_schedule = ''
+  # Weights & Biases (lra/wandb_log.py; needs `pip install wandb`): the
+  # project the run logs to, the same scalars as TensorBoard at the same
+  # steps, plus this config; files in <workdir>/wandb/. '' = off.
+  c.wandb_project = ''
+  # wandb's mode: 'online', 'offline' (no network; `wandb sync` later) or
+  # 'disabled'; '' = wandb's own default (WANDB_MODE, else online).
+  c.wandb_mode = ''
 
   # Peak learning rate.
   c.learning_rate = 0.05

@@ -1,6 +1,7 @@
 """metrics.jsonl (one JSON object per line), TensorBoard scalars beside it
-(when tensorboardX is installed), results.json and the model selection that
-decides which of its test numbers a run reports."""
+(when tensorboardX is installed) and in Weights & Biases (with
+--config.wandb_project, lra/wandb_log.py), results.json and the model
+selection that decides which of its test numbers a run reports."""
 
 import json
 import numbers
@@ -8,21 +9,32 @@ import os
 import time
 
 from lra.errors import UserError
+from lra.wandb_log import WandbLog
 
 
 class MetricsLog:
   """Appends rows; on resume, drops rows past the restored step so a resumed
   run's log equals an uninterrupted run's. Only the primary process (0 of a
-  multi-process run) writes; the others get the rows back, unwritten."""
+  multi-process run) writes; the others get the rows back, unwritten.
+  The run's config (a dict; default: <workdir>/config.json, which train.py
+  writes first): its wandb_project, when set, also sends the rows' scalars
+  to Weights & Biases (lra/wandb_log.py)."""
 
-  def __init__(self, workdir, resume_step=None, primary=True, tensorboard=True):
+  def __init__(
+    self, workdir, resume_step=None, primary=True, tensorboard=True, config=None
+  ):
     self.primary = primary
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self.tensorboard = None
+    self.tensorboard = self.wandb = None
     if not primary:
       return
     if tensorboard:
       self.tensorboard = TensorBoard.open(workdir, resume_step)
+    saved = os.path.join(workdir, 'config.json')
+    if config is None and os.path.exists(saved):
+      with open(saved) as f:
+        config = json.load(f)
+    self.wandb = WandbLog.open(workdir, config or {}, resume_step)
     rows = read_rows(self.path) if os.path.exists(self.path) else []
     if resume_step is not None:
       rows = [r for r in rows if r['step'] <= resume_step]
@@ -40,11 +52,31 @@ class MetricsLog:
       f.write(json.dumps(row) + '\n')
     if self.tensorboard:
       self.tensorboard.write(row)
+    if self.wandb:
+      self.wandb.write(row['step'], scalars(row))
     return row
 
   def close(self):
     if self.tensorboard:
       self.tensorboard.close()
+    if self.wandb:
+      self.wandb.close()
+
+
+def scalars(row):
+  """{`<split>/<key>`: number} of a row, as TensorBoard and wandb log it
+  (test rows as test_best/... and test_last/...; step, count and flags
+  left out)."""
+  split = row['split']
+  if split == 'test':
+    split = f'test_{row.get("checkpoint", "best")}'
+  return {
+    f'{split}/{key}': value
+    for key, value in row.items()
+    if key not in ('step', 'count')
+    and not isinstance(value, bool)
+    and isinstance(value, numbers.Real)
+  }
 
 
 class TensorBoard:
@@ -80,14 +112,8 @@ class TensorBoard:
     return cls(SummaryWriter(os.path.join(workdir, cls.DIR), purge_step=purge))
 
   def write(self, row):
-    split = row['split']
-    if split == 'test':
-      split = f'test_{row.get("checkpoint", "best")}'
-    for key, value in row.items():
-      if key in ('step', 'count') or isinstance(value, bool):
-        continue
-      if isinstance(value, numbers.Real):
-        self.writer.add_scalar(f'{split}/{key}', value, row['step'])
+    for name, value in scalars(row).items():
+      self.writer.add_scalar(name, value, row['step'])
     self.writer.flush()
 
   def close(self):

@@ -15,8 +15,9 @@ count n):
 
   seed                    averaged over: the point of repeated runs;
   data_dir, eval_batch_size, log_every_steps, checkpoint_every_steps,
-  keep_checkpoints        bookkeeping: evaluation is exact whatever its
-                          batch, and logs and saves never touch training.
+  keep_checkpoints,       bookkeeping: evaluation is exact whatever its
+  wandb_project,          batch, and logs and saves never touch training.
+  wandb_mode
 
 Everything else labels the row, including num_train_steps and
 eval_every_steps (the cadence chooses the best-validation checkpoint). A
@@ -65,6 +66,8 @@ IGNORED = (
   'log_every_steps',
   'checkpoint_every_steps',
   'keep_checkpoints',
+  'wandb_project',
+  'wandb_mode',
 )
 # The row's identity, shown apart.
 IDENTITY = ('task', 'model_name', 'preset')

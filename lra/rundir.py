@@ -55,6 +55,8 @@ RESUMABLE_CHANGES = (
   'data_dir',
   'eval_batch_size',
   'select',
+  'wandb_project',
+  'wandb_mode',
 )
 # Optimiser settings that may change on resumption (e.g. after a non-finite
 # loss: a lower learning rate or clipping from the last good checkpoint on).

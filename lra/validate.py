@@ -16,7 +16,7 @@ nothing behind.
 import math
 import os
 
-from lra import objectives, tasks
+from lra import objectives, tasks, wandb_log
 from lra.errors import UserError
 
 SCHEDULES = ('rsqrt', 'cosine', 'constant')
@@ -125,6 +125,7 @@ def check_config(config):
     _check_float(config, key, *spec)
   _check_choice(config, 'schedule', SCHEDULES)
   objectives.check(config)
+  wandb_log.check(config)  # wandb_mode; wandb_project needs the package
 
   need = pixel_length(task, options)
   length = config.max_length
