@@ -4,7 +4,8 @@
                  (lra/tasks/__init__.py); see its docstring.
   lra/ (here)    the training harness around them: runtime (mesh, data
                  loading, exact evaluation), steps (loss, train/eval step),
-                 batching, checkpoints, metrics (metrics.jsonl, TensorBoard),
+                 batching, checkpoints, metrics (metrics.jsonl, TensorBoard;
+                 wandb_log: Weights & Biases),
                  cli and validate (flags and configs), the tools
                  (prepare + download, sweep, report, bench_report, curves)
                  and errors (UserError, from the top-level errors.py).
