@@ -120,7 +120,7 @@ import numpy as np
 
 from configs import base as base_config
 from configs import models as model_configs
-from lra import cli, runtime, steps, tasks, validate
+from lra import cli, objectives, runtime, steps, tasks, validate
 from lra.bench_report import CEILING, write_report
 from lra.errors import UserError
 from lra.metrics import read_rows, write_json
@@ -516,7 +516,8 @@ def measure(row, config, task, shardings, num_steps, warmup, **kwargs):
   keys = list(jax.random.split(jax.random.key(config.seed), warmup + num_steps))
 
   start = time.perf_counter()
-  train_step = steps.make_train_step(graphdef)
+  # masked_lm's masks are drawn in the step (lra.objectives.in_step).
+  train_step = steps.make_train_step(graphdef, objectives.in_step(config, task))
   compiled = train_step.lower(state, batch, keys[0]).compile()
   row['compile_seconds'] = time.perf_counter() - start
   memory = compiled_memory(compiled)

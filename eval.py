@@ -46,6 +46,7 @@ from configs import models as model_configs
 from lra import (
   cli,
   curves,
+  objectives,
   processes,
   rundir,
   runtime,
@@ -271,7 +272,7 @@ def evaluate_checkpoint(
     config.max_length = max_length
   data = runtime.load_data(config, task)
   result = runtime.evaluate(
-    steps.make_eval_step(graphdef),
+    steps.make_eval_step(graphdef, objectives.in_step(config, task)),
     state,
     data[split],
     config,

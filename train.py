@@ -270,7 +270,7 @@ def training_batch(
   """The host's rows of the batch of 0-based `step`: a stateless draw of
   (seed, step) (lra/batching.py), cropped by the length curriculum
   (Shortformer's: a crop of the same rows) and turned into an LM
-  objective's inputs, targets and weights (masks drawn from the step)."""
+  objective's batch (masked_lm: the documents, masked in the step)."""
   rows = batching.host_slice(
     config.batch_size, jax.process_index(), jax.process_count()
   )
@@ -295,16 +295,8 @@ def training_batch(
       rows=rows,
       global_rows=config.batch_size,
     )
-  if lm:
-    batch = objectives.lm_batch(
-      batch,
-      config,
-      task,
-      stream='train',
-      index=step,
-      rows=rows,
-      global_batch=config.batch_size,
-    )
+  if lm:  # masked_lm: plain tokens, masked in the step (objectives.in_step)
+    batch = objectives.lm_batch(batch, config, task)
   return batch
 
 
@@ -404,8 +396,9 @@ def train_and_evaluate(
   )
   stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
-  train_step = steps.make_train_step(graphdef)
-  eval_step = steps.make_eval_step(graphdef)
+  prepare = objectives.in_step(config, task)  # masked_lm's masks, in jit
+  train_step = steps.make_train_step(graphdef, prepare)
+  eval_step = steps.make_eval_step(graphdef, prepare)
 
   def evaluate(state, split):
     return runtime.evaluate(
@@ -532,7 +525,9 @@ def test_splits(config, task, shardings, eval_step, state):
         warn(f'test split {name} not evaluated: {e}')
         out[name] = {'error': str(e)}
         continue
-      run_step = steps.make_eval_step(graphdef)
+      run_step = steps.make_eval_step(
+        graphdef, objectives.in_step(config, task)
+      )
       run_config = config.copy_and_resolve_references()
       with run_config.unlocked():
         run_config.max_length = length

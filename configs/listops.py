@@ -36,6 +36,10 @@ Presets:
     --config.init_from. `spt` alone pretrains the reference configuration;
     smoke_spt is `smoke,spt`.
   smoke: a few seconds, for tests.
+
+dtype: on a GPU or TPU, add --config.dtype=bfloat16 as the default there
+(activations and matmuls in bfloat16; parameters, softmax, normalisers and
+the loss stay float32, models/). CPU runs keep the config's float32.
 """
 
 from configs import base, models

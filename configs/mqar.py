@@ -60,6 +60,10 @@ Presets:
   smoke: 1 layer, 16 wide, length 32, 4 pairs, vocabulary 64, short_conv 2,
     learned positions, test splits 16:2 and 64:8; seconds, for tests.
 Only `small` and `smoke` use short_conv; the reference does not.
+
+dtype: on a GPU or TPU, add --config.dtype=bfloat16 as the default there
+(activations and matmuls in bfloat16; parameters, softmax, normalisers and
+the loss stay float32, models/). CPU runs keep the config's float32.
 """
 
 from configs import base, models

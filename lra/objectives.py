@@ -24,21 +24,32 @@ self-pretrain before fine-tuning. Retrieval's [B, 2, L] pairs become 2B
 documents (each one an example). Padding is never chosen, never a target and
 never in the loss.
 
-An LM batch is {'inputs': int32 [N, L], 'labels': int32 [N, L] (the
-targets), 'weights': float32 [N, L] (1 where a position counts)}; the model
-returns logits [N, L, V] aligned with the targets, so the classification
-loss (lra.steps) applies unchanged. causal_lm: the target at t is the token
-at t + 1 (counted when both are real), the last position counts nothing.
+The LM batch the model sees is {'inputs': int32 [N, L], 'labels': int32
+[N, L] (the targets), 'weights': float32 [N, L] (1 where a position
+counts)}, made on the host for causal_lm, in the step for masked_lm; the
+model returns logits [N, L, V] aligned with the targets, so the
+classification loss (lra.steps) applies unchanged. causal_lm: the target
+at t is the token at t + 1 (counted when both are real), the last position
+counts nothing.
 
 The mask id is `vocab_size`: LM models have one more embedding row than the
 task's vocabulary (models/lm.py); the head predicts the task's tokens only.
 
-The masked positions and replacements are a function of (seed, step) for a
-training batch and of (seed, batch number) for an evaluation batch, drawn
-for the whole global batch before a process takes its rows, so they do not
-depend on the number of processes and a resumed run sees the same masks.
+masked_lm's masks are drawn on the device, inside the jitted step
+(`in_step`, lra/steps.py): the host sends the plain token ids and the row
+weights, {'inputs': int32 [N, L], 'weights': float32 [N]}, and the step
+makes the masked inputs, the targets and the counted positions. The draws
+come from jax.random with the step's key, fold_in(fold_in(key(seed), 1),
+step) (train.py; the dropout key) folded with a tag of its own, for
+training, and from fold_in(fold_in(key(seed), tag), batch number) for an
+evaluation batch (`eval_key`: the same masks at every evaluation of a
+split). They are drawn for the whole global batch inside jit, so they do
+not depend on the number of devices or processes, and a resumed run sees
+the same masks.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lra import tasks
@@ -46,8 +57,8 @@ from lra.errors import UserError
 
 OBJECTIVES = ('classify', 'causal_lm', 'masked_lm', 'per_position')
 LM_OBJECTIVES = ('causal_lm', 'masked_lm')
-_STREAM = {'train': 0, 'eval': 1}
-_TAG = 0x4D4C4D  # 'MLM': keeps these draws apart from the data order's
+_TAG = 0x4D4C4D  # 'MLM': keeps the mask draws apart from dropout's
+_EVAL_TAG = 0x4D4C45  # 'MLE': the evaluation batches' keys
 
 
 def objective(config):
@@ -141,69 +152,81 @@ def causal_lm_batch(tokens_NxL, weights_N, pad_id):
 
 
 def masked_lm_batch(
-  tokens_NxL, weights_N, draws_3xNxL, *, vocab_size, pad_id, mask_rate
+  tokens_NxL, weights_N, key, *, vocab_size, pad_id, mask_rate
 ):
-  """BERT's corruption from uniform draws in [0, 1): draws[0] chooses the
-  positions, draws[1] the replacement kind, draws[2] the random token."""
-  choose, kind, pick = draws_3xNxL
-  chosen_NxL = real_of(tokens_NxL, pad_id) & (choose < mask_rate)
+  """BERT's corruption, in jax (inside jit): each real token is chosen with
+  probability mask_rate; a chosen one becomes the mask id (80%), a random
+  real token (10%) or stays (10%). Targets: the tokens; weights: the chosen
+  positions (times the row's weight)."""
+  k_choose, k_kind, k_pick = jax.random.split(key, 3)
+  shape = tokens_NxL.shape
+  real_NxL = jnp.ones(shape, bool) if pad_id is None else tokens_NxL != pad_id
+  chosen_NxL = real_NxL & (jax.random.uniform(k_choose, shape) < mask_rate)
+  kind_NxL = jax.random.uniform(k_kind, shape)
   # A random real token: uniform over the ids other than the padding id.
   choices = vocab_size - (pad_id is not None)
-  random_NxL = np.minimum((pick * choices).astype(np.int64), choices - 1)
+  random_NxL = jax.random.randint(k_pick, shape, 0, choices, jnp.int32)
   if pad_id is not None:
     random_NxL = random_NxL + (random_NxL >= pad_id)
-  inputs_NxL = np.where(
-    chosen_NxL & (kind < 0.8),
+  inputs_NxL = jnp.where(
+    chosen_NxL & (kind_NxL < 0.8),
     mask_id(vocab_size),
-    np.where(chosen_NxL & (kind < 0.9), random_NxL, tokens_NxL),
+    jnp.where(chosen_NxL & (kind_NxL < 0.9), random_NxL, tokens_NxL),
   )
+  weights_N = jnp.asarray(weights_N, jnp.float32)
   return {
-    'inputs': inputs_NxL.astype(np.int32),
-    'labels': np.asarray(tokens_NxL, np.int32),
-    'weights': chosen_NxL.astype(np.float32) * weights_N[:, None],
+    'inputs': inputs_NxL.astype(jnp.int32),
+    'labels': jnp.asarray(tokens_NxL, jnp.int32),
+    'weights': chosen_NxL.astype(jnp.float32) * weights_N[:, None],
   }
 
 
-def draws(seed, stream, index, global_rows, length, rows):
-  """Uniform [3, rows, length] draws of a global batch of `global_rows`
-  documents at (seed, stream, index); `rows` (a slice) the process's."""
-  rng = np.random.default_rng([seed, _STREAM[stream], index, _TAG])
-  return rng.random((3, global_rows, length), np.float32)[:, rows]
-
-
-def lm_batch(
-  batch, config, task, *, stream, index, rows=None, global_batch=None
-):
-  """A classification batch (lra.batching) -> the objective's LM batch.
-
-  stream: 'train' (index: the step) or 'eval' (index: the batch number);
-  rows: the process's example rows of the global batch of `global_batch`
-  examples (default: all of them, one process)."""
-  tokens_NxL, weights_N = documents(batch['inputs'], batch['weights'])
-  pad_id = pad_id_of(config, task)
-  if objective(config) == 'causal_lm':
-    return causal_lm_batch(tokens_NxL, weights_N, pad_id)
-  docs = task.num_inputs
-  n = len(batch['weights'])
-  global_batch = n if global_batch is None else global_batch
-  rows = slice(0, n) if rows is None else rows
-  doc_rows = slice(rows.start * docs, rows.stop * docs)
-  u = draws(
-    config.seed,
-    stream,
-    index,
-    global_batch * docs,
-    tokens_NxL.shape[1],
-    doc_rows,
-  )
-  return masked_lm_batch(
-    tokens_NxL,
-    weights_N,
-    u,
+def in_step(config, task):
+  """What the jitted steps do to a host batch before the model
+  (lra/steps.py `prepare`): for masked_lm, fn(batch, key) -> the masked
+  batch, the masks drawn from fold_in(key, tag) for the global batch; None
+  for the other objectives (their batches are made on the host)."""
+  if objective(config) != 'masked_lm':
+    return None
+  options = dict(
     vocab_size=task.vocab_size,
-    pad_id=pad_id,
-    mask_rate=config.mask_rate,
+    pad_id=pad_id_of(config, task),
+    mask_rate=float(config.mask_rate),
   )
+
+  def prepare(batch, key):
+    if key is None:
+      raise ValueError('masked_lm draws its masks from the step key; got None')
+    mask_key = jax.random.fold_in(key, _TAG)
+    return masked_lm_batch(
+      batch['inputs'], batch['weights'], mask_key, **options
+    )
+
+  return prepare
+
+
+def eval_key(config, index):
+  """The key of evaluation batch `index` (masked_lm; None otherwise): a
+  function of (seed, index) only, so every evaluation of a split sees the
+  same masks."""
+  if objective(config) != 'masked_lm':
+    return None
+  base = jax.random.fold_in(jax.random.key(config.seed), _EVAL_TAG)
+  return jax.random.fold_in(base, index)
+
+
+def lm_batch(batch, config, task):
+  """A classification batch (lra.batching) -> the objective's host batch:
+  causal_lm's inputs, targets and weights; masked_lm's documents and row
+  weights {'inputs': [N, L], 'weights': [N]}, masked in the step
+  (`in_step`). Retrieval's [B, 2, L] pairs become 2B documents."""
+  tokens_NxL, weights_N = documents(batch['inputs'], batch['weights'])
+  if objective(config) == 'causal_lm':
+    return causal_lm_batch(tokens_NxL, weights_N, pad_id_of(config, task))
+  return {
+    'inputs': np.asarray(tokens_NxL, np.int32),
+    'weights': np.asarray(weights_N, np.float32),
+  }
 
 
 def finish(sums, config):

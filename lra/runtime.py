@@ -114,7 +114,6 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   )
   lm = objectives.is_lm(config)
   task = tasks.get_task(config.task) if lm else None
-  rows = batching.host_slice(size, jax.process_index(), jax.process_count())
   for index, batch in enumerate(
     tqdm(
       batches,
@@ -124,17 +123,12 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
       total=batching.num_eval_batches(len(labels), size),
     )
   ):
-    if lm:  # the same masks at every evaluation: (seed, batch number)
-      batch = objectives.lm_batch(
-        batch,
-        config,
-        task,
-        stream='eval',
-        index=index,
-        rows=rows,
-        global_batch=size,
-      )
-    sums = eval_step(state, to_device(batch, batch_sharding))
+    if lm:
+      batch = objectives.lm_batch(batch, config, task)
+    # masked_lm: the masks are drawn in the step from (seed, batch number),
+    # the same at every evaluation (eval_step made with objectives.in_step).
+    key = objectives.eval_key(config, index)
+    sums = eval_step(state, to_device(batch, batch_sharding), key)
     # Summed on the device (float32, as on the host before: the same
     # numbers), read back once at the end: no sync per batch.
     total = sums if total is None else jax.tree.map(jnp.add, total, sums)

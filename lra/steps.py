@@ -81,12 +81,16 @@ def make_optimizer(config):
   return tx
 
 
-def make_train_step(graphdef):
-  """jit(state, batch, key) -> (state, metrics); the state is donated."""
+def make_train_step(graphdef, prepare=None):
+  """jit(state, batch, key) -> (state, metrics); the state is donated.
+  prepare(batch, key), when given, makes the model's batch from the host's
+  inside the step (lra.objectives.in_step: masked_lm's masks)."""
 
   @functools.partial(jax.jit, donate_argnums=0)
   def train_step(state, batch, key):
     model, optimizer = nnx.merge(graphdef, state)
+    if prepare is not None:
+      batch = prepare(batch, key)
 
     def loss_fn(model):
       logits, aux = model(batch['inputs'], key=key)
@@ -111,12 +115,16 @@ def make_train_step(graphdef):
   return train_step
 
 
-def make_eval_step(graphdef):
-  """jit(state, batch) -> summed metrics (exact over weights)."""
+def make_eval_step(graphdef, prepare=None):
+  """jit(state, batch, key=None) -> summed metrics (exact over weights);
+  prepare as make_train_step's, with the batch's key (lra.objectives
+  eval_key)."""
 
   @jax.jit
-  def eval_step(state, batch):
+  def eval_step(state, batch, key=None):
     model, _ = nnx.merge(graphdef, state)
+    if prepare is not None:
+      batch = prepare(batch, key)
     logits, _ = model(batch['inputs'], key=None)
     return weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
 

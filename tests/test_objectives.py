@@ -20,7 +20,7 @@ import pytest
 from test_models_tasks import task_config
 
 from configs import base as base_config
-from lra import batching, objectives, rundir, steps, tasks
+from lra import objectives, rundir, runtime, steps, tasks
 from lra.errors import UserError
 from lra.metrics import read_rows
 from models.classifier import build_model
@@ -47,22 +47,35 @@ def padded_batch(n=64, length=128, seed=0):
   }
 
 
-def masked(batch, step=0, seed=0, **kw):
-  config = lm_config('masked_lm', seed=seed)
+def step_key(seed, step):
+  """train.py's key of a step (train.prefetched): the dropout key, from
+  which the step draws masked_lm's masks."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
+
+
+def masked(batch, step=0, seed=0, mask_rate=0.15, sharding=None, key=None):
+  """masked_lm's batch as the jitted step makes it (objectives.in_step),
+  from the host batch; the batch placed by `sharding` when given."""
+  config = lm_config('masked_lm', seed=seed, mask_rate=mask_rate)
   task = tasks.get_task('listops')
-  return objectives.lm_batch(
-    batch, config, task, stream='train', index=step, **kw
-  )
+  host = objectives.lm_batch(batch, config, task)
+  assert set(host) == {'inputs', 'weights'}  # plain token ids go over
+  if sharding is not None:
+    host = runtime.to_device(host, sharding)
+  prepare = jax.jit(objectives.in_step(config, task))
+  out = prepare(host, step_key(seed, step) if key is None else key)
+  return {k: np.asarray(v) for k, v in out.items()}
 
 
 def test_masked_lm_corrupts_80_10_10_and_counts_only_masked_positions():
-  batch = padded_batch()
+  batch = padded_batch(n=256)
   lm = masked(batch)
   tokens, real = batch['inputs'], batch['inputs'] != PAD
   chosen = lm['weights'] > 0
+  assert real.sum() > 15000  # enough tokens for the rates below
   np.testing.assert_array_equal(lm['labels'], tokens)
   assert not (chosen & ~real).any()  # padding never chosen
-  assert abs(chosen.sum() / real.sum() - 0.15) < 0.02
+  assert abs(chosen.sum() / real.sum() - 0.15) < 0.015
   # Unchosen positions are unchanged; chosen: mask id, random, kept.
   np.testing.assert_array_equal(lm['inputs'][~chosen], tokens[~chosen])
   got = lm['inputs'][chosen]
@@ -86,21 +99,72 @@ def test_masked_lm_corrupts_80_10_10_and_counts_only_masked_positions():
   assert float(a['correct_sum']) == float(b['correct_sum'])
 
 
+@pytest.mark.parametrize('rate', [0.05, 0.5, 1.0])
+def test_masks_drawn_in_the_step_follow_mask_rate_and_skip_padding(rate):
+  batch = padded_batch(n=256, seed=2)
+  batch['weights'][-3:] = 0  # an evaluation's padded rows: never counted
+  real = batch['inputs'] != PAD
+  for step in (1, 7):
+    chosen = masked(batch, step=step, mask_rate=rate)['weights'] > 0
+    assert not (chosen & ~real).any()
+    assert not chosen[-3:].any()
+    counted = real[:-3]
+    share = chosen[:-3].sum() / counted.sum()
+    sigma = np.sqrt(rate * (1 - rate) / counted.sum())
+    assert abs(share - rate) <= 5 * sigma + 1e-9, (rate, step, share)
+
+
 def test_mask_is_a_function_of_seed_and_step_and_of_the_global_batch():
   batch = padded_batch(n=8, length=32)
   first, again = masked(batch, step=3), masked(batch, step=3)
   for k in first:
     np.testing.assert_array_equal(first[k], again[k])
-  assert not np.array_equal(first['weights'], masked(batch, step=4)['weights'])
+  for step in (2, 4, 100):  # another step, other masks
+    other = masked(batch, step=step)
+    assert not np.array_equal(first['weights'], other['weights']), step
+    assert not np.array_equal(first['inputs'], other['inputs']), step
   other_seed = masked(batch, step=3, seed=1)['weights']
   assert not np.array_equal(first['weights'], other_seed)
-  # A process's rows are the global batch's: two processes of 4 rows each.
-  for p in range(2):
-    rows = batching.host_slice(8, p, 2)
-    part = {k: v[rows] for k, v in batch.items()}
-    mine = masked(part, step=3, rows=rows, global_batch=8)
-    for k in first:
-      np.testing.assert_array_equal(mine[k], first[k][rows])
+  # Drawn for the global batch inside jit: the batch sharded over the 4
+  # devices (tests/conftest.py) gets the masks of one device.
+  assert jax.device_count() == 4
+  _, batch_sharding = runtime.make_mesh()
+  sharded = masked(batch, step=3, sharding=batch_sharding)
+  for k in first:
+    np.testing.assert_array_equal(sharded[k], first[k])
+  # Evaluation: a fixed key per (seed, batch number), not the step's.
+  config = lm_config('masked_lm')
+  keys = [objectives.eval_key(config, i) for i in (0, 0, 1)]
+  evals = [masked(batch, key=k)['weights'] for k in keys]
+  np.testing.assert_array_equal(evals[0], evals[1])
+  assert not np.array_equal(evals[0], evals[2])
+  assert objectives.eval_key(lm_config('causal_lm'), 0) is None
+
+
+def test_masked_lm_steps_are_the_same_on_one_and_four_devices():
+  """The train step with its masks on 1 device and sharded on 4."""
+  config = lm_config('masked_lm')
+  task = tasks.get_task('listops')
+  host = objectives.lm_batch(padded_batch(n=8, length=64), config, task)
+  prepare = objectives.in_step(config, task)
+  out = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    replicated, batch_sharding = runtime.make_mesh(devices)
+    graphdef, state = train.create_state(config, task, replicated)
+    step = steps.make_train_step(graphdef, prepare)
+    batch = runtime.to_device(host, batch_sharding)
+    _, metrics = step(state, batch, step_key(0, 1))
+    sums = steps.make_eval_step(graphdef, prepare)(
+      train.create_state(config, task, replicated)[1],
+      batch,
+      objectives.eval_key(config, 0),
+    )
+    out.append(jax.device_get((metrics, sums)))
+  runtime.make_mesh()
+  (m1, e1), (m4, e4) = out
+  assert m1['count'] == m4['count'] > 0 and e1['count'] == e4['count'] > 0
+  np.testing.assert_allclose(m1['loss'], m4['loss'], rtol=1e-5)
+  np.testing.assert_allclose(e1['loss_sum'], e4['loss_sum'], rtol=1e-5)
 
 
 def test_retrieval_pairs_are_two_documents_and_causal_targets_shift():
@@ -109,7 +173,7 @@ def test_retrieval_pairs_are_two_documents_and_causal_targets_shift():
   config = lm_config('causal_lm')
   task = tasks.get_task('retrieval')
   batch = {'inputs': pairs, 'labels': np.zeros(2), 'weights': np.ones(2)}
-  lm = objectives.lm_batch(batch, config, task, stream='train', index=0)
+  lm = objectives.lm_batch(batch, config, task)
   docs = pairs.reshape(4, 6)
   np.testing.assert_array_equal(lm['inputs'], docs)
   np.testing.assert_array_equal(lm['labels'][:, :-1], docs[:, 1:])
@@ -260,8 +324,8 @@ def test_every_task_config_traces_with_the_objective(objective):
       'labels': np.zeros(8, np.int32),
       'weights': np.ones(8, np.float32),
     }
-    lm = objectives.lm_batch(batch, config, task, stream='train', index=0)
+    lm = objectives.lm_batch(batch, config, task)
     assert lm['inputs'].shape == (8 * task.num_inputs, config.max_length)
-    step = steps.make_train_step(graphdef)
+    step = steps.make_train_step(graphdef, objectives.in_step(config, task))
     _, metrics = jax.eval_shape(step, state, lm, jax.random.key(0))
     assert metrics['loss'].shape == (), name
