@@ -1,5 +1,6 @@
 """Test-only helpers for the state-space mixers (s4d, s5): inputs, a jitted
-call, the float64 output head, and the property checks both files share.
+call, the float64 recurrence driver and output head, and the property checks
+both files share.
 """
 
 import functools
@@ -54,6 +55,24 @@ def run(mixer, x, pad=None, causal=False, key=None):
 def p64(param):
   """An nnx parameter as float64 numpy."""
   return np.asarray(param[...], np.float64)
+
+
+def recurrence64(u, lengths, causal, d, x0, step):
+  """y_t = sum over passes of step's readout + D u_t, in float64 over each
+  example's real tokens (zero at padding): pass 0 runs forward from x0,
+  pass 1 (bidirectional) backward from the last real token.
+  step(x, u_t, g) -> (x, y_t) advances pass g's state by one token."""
+  u = np.asarray(u, np.float64)
+  y = np.zeros_like(u)
+  passes = [(0, False)] + ([(1, True)] if not causal else [])
+  for i, n in enumerate(lengths):
+    for g, backward in passes:
+      x = x0
+      for t in reversed(range(n)) if backward else range(n):
+        x, y_t = step(x, u[i, t], g)
+        y[i, t] += y_t
+    y[i, :n] += d * u[i, :n]
+  return y
 
 
 def head64(mixer, y_BxLxE, lengths):
@@ -119,6 +138,33 @@ def time_jacobian(mixer, length, emb_dim, causal):
     x
   )  # [L, E, 1, L, E]
   return np.abs(np.asarray(jac)).sum(axis=(1, 2, 4))
+
+
+def check_causality(mixer, length, emb_dim, exact):
+  """The causal mixer never looks ahead (exactly when `exact`, else up to
+  float32 rounding) and sees every earlier token; the bidirectional one
+  sees ahead."""
+  jac_causal = time_jacobian(mixer, length, emb_dim, causal=True)
+  jac_both = time_jacobian(mixer, length, emb_dim, causal=False)
+  future = np.triu(np.ones((length, length), bool), 1)  # s > t
+  scale = jac_causal.max()
+  if exact:
+    assert np.all(jac_causal[future] == 0)
+  else:
+    assert jac_causal[future].max() < 1e-6 * scale
+  assert jac_causal[~future].min() > 1e-4 * scale  # the past is seen
+  assert jac_both[future].min() > 1e-4 * scale  # bidirectional sees ahead
+
+
+def check_dropout_uses_the_key(cls, emb_dim, **kw):
+  """Dropout 0.5: an output with a key differs from the deterministic one
+  and from one with another key."""
+  m = make(cls, emb_dim=emb_dim, dropout_rate=0.5, **kw)
+  x = inputs(2, 2, 16, emb_dim)
+  det = run(m, x)
+  drop_a = run(m, x, key=jax.random.key(0))
+  drop_b = run(m, x, key=jax.random.key(1))
+  assert not np.allclose(drop_a, det) and not np.allclose(drop_a, drop_b)
 
 
 def check_bf16_close(cls, length, emb_dim, causal, atol, **kw):

@@ -21,10 +21,16 @@ configured through `model.attention` like every core
 (`--config.model.attention.name=s5 --config.model.attention.state_size=32`).
 """
 
-from flax import nnx
-import jax.numpy as jnp
+import math
 
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from errors import UserError
 from models.attention import base as attention_base
+from models.attention.base import bool_option
 
 
 class SequenceMixer(nnx.Module):
@@ -91,3 +97,54 @@ def dropout(x, rate, key):
   """Inverted dropout: the attention cores' one (models/attention/base.py,
   its keep-mask rule per backend); identity when key is None or rate is 0."""
   return attention_base.dropout(x, rate, key)
+
+
+# Option checks and parameter helpers the mixers share.
+
+
+def choice_option(core, name, value, choices):
+  """value if it is one of `choices`, else one sentence naming them."""
+  if isinstance(value, str) and value in choices:
+    return value
+  raise UserError(
+    f'{core} {name} must be one of {", ".join(choices)}, got {value!r}; set '
+    f'e.g. --config.model.attention.{name}={choices[0]}.'
+  )
+
+
+def step_range_option(core, dt_min, dt_max):
+  """(dt_min, dt_max) as floats if 0 < dt_min <= dt_max, else one sentence."""
+  ok = all(
+    isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
+    for v in (dt_min, dt_max)
+  )
+  if ok and 0 < dt_min <= dt_max and math.isfinite(dt_max):
+    return float(dt_min), float(dt_max)
+  raise UserError(
+    f'{core} needs 0 < dt_min <= dt_max, got dt_min={dt_min!r} and '
+    f'dt_max={dt_max!r}; set e.g. --config.model.attention.dt_min=0.001 '
+    '--config.model.attention.dt_max=0.1.'
+  )
+
+
+def ssm_head_options(core, dt_min, dt_max, bidirectional, activation):
+  """The options s4d and s5 share, checked: (dt_min, dt_max, bidirectional,
+  activation) with activation 'gelu' or 'glu'."""
+  dt_min, dt_max = step_range_option(core, dt_min, dt_max)
+  bidirectional = bool_option(core, 'bidirectional', bidirectional)
+  activation = choice_option(core, 'activation', activation, ('gelu', 'glu'))
+  return dt_min, dt_max, bidirectional, activation
+
+
+def numpy_rng(rngs):
+  """A numpy Generator seeded by one key of the builder's rngs: every random
+  parameter still comes from `rngs`, without the one compilation per
+  parameter shape that eager jax.random calls cost (a second per layer on
+  a CPU)."""
+  seed = jax.random.bits(rngs.params(), (4,), jnp.uint32)
+  return np.random.default_rng(np.asarray(seed))
+
+
+def f32_param(value):
+  """An nnx.Param holding `value` (numpy or jax) as float32."""
+  return nnx.Param(jnp.asarray(value, jnp.float32))

@@ -16,19 +16,24 @@ Real, the same for every channel), D = 1, dt_bias = softplus^-1(dt) with
 dt = exp(U[log dt_min, log dt_max]) floored at 1e-4, dt_proj's kernel
 U(+-R^-1/2), the linear and conv layers PyTorch's default U(+-fan_in^-1/2).
 
-The scan: h_t is a linear recurrence, so (a_t, b_t) = (exp(dt_t A),
-dt_t B_t x_t) compose associatively, (a1, b1) then (a2, b2) = (a1 a2,
-a2 b1 + b2). L is split into chunks of C = chunk_size positions: inside a
-chunk jax.lax.associative_scan, across chunks a carried state [B, I, N]
-(jax.lax.scan), the chunk body rematerialised (jax.checkpoint): the
-backward pass keeps one [B, I, N] state per chunk and recomputes one
-chunk's [B, C, I, N] states at a time, never [B, L, I, N] (chunk_size >= L:
-one chunk, no remat, the unchunked form). Time O(L I N) (the associative
-scan is work-efficient; depth O(log C) inside a chunk, L / C chunks one
-after the other), memory O(L I + (L / C) I N + C I N) per example; state
-per example (recurrent inference) I N + I (K - 1) numbers. Scan,
-exponentials, conv and sums in float32; the projections in the compute
-dtype.
+The scan: h_t is a linear recurrence run one position at a time
+(jax.lax.scan over t) on the [G, B, N, I] state, G the directions run
+together (both directions are one scan over stacked inputs; A's leading
+dims broadcast), each step computing its exp(dt_t A) and dt_t B_t x_t and
+reading y_t = C_t . h_t out at once, so no [B, L, I, N] array exists. L is
+split into chunks of C = chunk_size positions scanned one after the other
+with the state carried, each chunk rematerialised (jax.checkpoint): the
+backward pass keeps one [G, B, N, I] state per chunk and recomputes one
+chunk's steps at a time (chunk_size >= L: one chunk, no remat). Time
+O(L I N) per example and direction, 2 L I N exponentials with the remat
+(the forward pass and its recomputation); memory O(L I + (L / C) I N +
+C I N) per example and direction; state per example (recurrent inference)
+I N + I (K - 1) numbers. Scan, exponentials, conv and sums in float32; the
+projections in the compute dtype. On a CPU this is cheaper than an
+associative scan over [B, C, I, N] (this module's earlier form, 3.5-4x
+slower: log C levels of strided slices of the whole state) or per-channel
+chunked matrix forms (C times the exponentials): each step's state stays
+in cache (docs/benchmark.md).
 
 Non-causal masks (bidirectional): a second set of conv + x_proj + dt + A +
 D parameters runs the same SSM over the reversed sequence; the two
@@ -49,14 +54,15 @@ its output is zeroed at padded positions too, and the mixer's output is
 multiplied by the real mask (an all-padded example gives zeros).
 
 Deliberate differences from the authors' code (state-spaces/mamba): the
-scan is jax.lax.associative_scan in remat'd chunks, not the fused CUDA
-kernel (same recurrence, same float32 state); in_proj, x_proj and out_proj
-use flax's dtype handling (kernels float32, matmuls in the compute dtype);
-no residual rescaling of out_proj by the depth (the block's business); no
-dropout (Mamba has none: dropout_rate is accepted and ignored); the
-bidirectional variant above is not in the Mamba paper.
+scan is a jax.lax.scan step per position in remat'd chunks, not the
+fused CUDA kernel (same recurrence, same float32 state); in_proj, x_proj
+and out_proj use flax's dtype handling (kernels float32, matmuls in the
+compute dtype); no residual rescaling of out_proj by the depth (the
+block's business); no dropout (Mamba has none: dropout_rate is accepted
+and ignored); the bidirectional variant above is not in the Mamba paper.
 
-Shape names: I inner channels, N states, R dt rank, K conv width, C chunk.
+Shape names: I inner channels, N states, R dt rank, K conv width, C chunk,
+G directions, X any leading dims.
 """
 
 import math
@@ -65,10 +71,14 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
 from models.attention.base import int_option
 from models.attention.registry import register
-from models.mixers.base import SequenceMixer, real_BxL, zero_padded
+from models.mixers.base import (
+  SequenceMixer,
+  real_BxL,
+  step_range_option,
+  zero_padded,
+)
 
 # PyTorch's default nn.Linear kernel: U(+-1/sqrt(fan_in)).
 TORCH_LINEAR = nnx.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform')
@@ -90,51 +100,49 @@ def inverse_softplus(y):
   return y + jnp.log(-jnp.expm1(-y))
 
 
-def selective_scan(u_BxLxI, dt_BxLxI, a_IxN, b_BxLxN, c_BxLxN, chunk):
+def selective_scan(u_XxLxI, dt_XxLxI, a_XxIxN, b_XxLxN, c_XxLxN, chunk):
   """y_t = C_t . h_t, h_t = exp(dt_t A) h_(t-1) + dt_t B_t u_t, h_-1 = 0.
 
-  float32 [B, L, I]; chunks of min(chunk, L) positions (L padded with
-  identity steps, dt = 0), associative scan inside a chunk, the state
-  carried across chunks by jax.lax.scan with a rematerialised body.
+  float32 [X, L, I] for any leading dims X (a batch, or directions x batch;
+  A's leading dims broadcast against them). One sequential step per
+  position on the [X, N, I] state, in chunks of min(chunk, L) positions
+  (L padded with identity steps, dt = 0), each chunk rematerialised
+  (jax.checkpoint): the backward pass keeps the state at each chunk's start
+  and one chunk's steps at a time.
   """
   f32 = lambda t: t.astype(jnp.float32)  # noqa: E731
-  u_BxLxI, dt_BxLxI, b_BxLxN, c_BxLxN = map(
-    f32, (u_BxLxI, dt_BxLxI, b_BxLxN, c_BxLxN)
+  u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN = map(
+    f32, (u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN)
   )
-  a_IxN = f32(a_IxN)
-  b, length, inner = u_BxLxI.shape
+  # [N, I]: the state's minor axis is the long one, I.
+  a_XxNxI = jnp.swapaxes(f32(a_XxIxN), -1, -2)
+  *batch, length, inner = u_XxLxI.shape
   c = min(chunk, length)
   n = -(-length // c)
 
-  def combine(left, right):
-    a_l, x_l = left
-    a_r, x_r = right
-    return a_l * a_r, a_r * x_l + x_r
+  def step(h_XxNxI, xs):
+    u_XxI, dt_XxI, b_XxN, c_XxN = xs
+    decay_XxNxI = jnp.exp(dt_XxI[..., None, :] * a_XxNxI)
+    drive_XxNxI = (dt_XxI * u_XxI)[..., None, :] * b_XxN[..., None]
+    h_XxNxI = decay_XxNxI * h_XxNxI + drive_XxNxI
+    return h_XxNxI, jnp.sum(h_XxNxI * c_XxN[..., None], axis=-2)
 
-  def body(h_BxIxN, xs):
-    u_BxCxI, dt_BxCxI, b_BxCxN, c_BxCxN = xs
-    a_BxCxIxN = jnp.exp(dt_BxCxI[..., None] * a_IxN)
-    x_BxCxIxN = (dt_BxCxI * u_BxCxI)[..., None] * b_BxCxN[:, :, None, :]
-    a_BxCxIxN, x_BxCxIxN = jax.lax.associative_scan(
-      combine, (a_BxCxIxN, x_BxCxIxN), axis=1
-    )
-    h_BxCxIxN = a_BxCxIxN * h_BxIxN[:, None] + x_BxCxIxN
-    y_BxCxI = jnp.einsum('bcin,bcn->bci', h_BxCxIxN, c_BxCxN)
-    return h_BxCxIxN[:, -1], y_BxCxI
+  def body(h_XxNxI, xs):  # one chunk: xs [C, X, F]
+    return jax.lax.scan(step, h_XxNxI, xs)
 
-  h_BxIxN = jnp.zeros((b, inner, a_IxN.shape[-1]), jnp.float32)
-  xs = (u_BxLxI, dt_BxLxI, b_BxLxN, c_BxLxN)
+  def chunks(t):  # [X, L, F] -> [n, C, X, F]; zeros are identity steps.
+    t = jnp.moveaxis(t, -2, 0)
+    t = jnp.pad(t, ((0, n * c - length),) + ((0, 0),) * (t.ndim - 1))
+    return t.reshape((n, c) + t.shape[1:])
+
+  h_XxNxI = jnp.zeros((*batch, *a_XxNxI.shape[-2:]), jnp.float32)
+  xs = tuple(map(chunks, (u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN)))
   if n == 1:
-    return body(h_BxIxN, xs)[1]
-
-  def chunks(t):  # [B, n*C, X] -> [n, B, C, X]; zeros are identity steps.
-    t = jnp.pad(t, ((0, 0), (0, n * c - length), (0, 0)))
-    return jnp.moveaxis(t.reshape(b, n, c, t.shape[-1]), 1, 0)
-
-  _, y_NxBxCxI = jax.lax.scan(
-    jax.checkpoint(body), h_BxIxN, tuple(map(chunks, xs))
-  )
-  return jnp.moveaxis(y_NxBxCxI, 0, 1).reshape(b, n * c, inner)[:, :length]
+    y_CxXxI = body(h_XxNxI, jax.tree.map(lambda t: t[0], xs))[1]
+  else:
+    _, y_NxCxXxI = jax.lax.scan(jax.checkpoint(body), h_XxNxI, xs)
+    y_CxXxI = y_NxCxXxI.reshape((n * c, *batch, inner))
+  return jnp.moveaxis(y_CxXxI[:length], 0, -2)
 
 
 def causal_conv(x_BxLxI, w_KxI, bias_I):
@@ -190,8 +198,9 @@ class MambaDirection(nnx.Module):
     self.rank, self.state = rank, state
     self.dtype = dtype
 
-  def __call__(self, x_BxLxI, real_BxL, chunk):
-    """x float32, zero at padded positions -> y float32 [B, L, I]."""
+  def scan_inputs(self, x_BxLxI, real_BxL):
+    """x float32, zero at padded positions -> the scan's inputs, float32:
+    (u [B, L, I], dt [B, L, I], A [I, N], B [B, L, N], C [B, L, N])."""
     keep_BxLx1 = real_BxL[:, :, None]
     u_BxLxI = jax.nn.silu(causal_conv(x_BxLxI, self.conv_KxI, self.conv_bias_I))
     u_BxLxI = jnp.where(keep_BxLx1, u_BxLxI, 0.0)
@@ -204,31 +213,12 @@ class MambaDirection(nnx.Module):
     # A padded step is the identity: exp(0 A) = 1, 0 B x = 0.
     dt_BxLxI = jnp.where(keep_BxLx1, dt_BxLxI, 0.0)
     a_IxN = -jnp.exp(self.a_log_IxN[...])
-    y_BxLxI = selective_scan(u_BxLxI, dt_BxLxI, a_IxN, b_BxLxN, c_BxLxN, chunk)
-    return y_BxLxI + self.d_I[...] * u_BxLxI
-
-
-def _positive_float(name, value, example):
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    ok = False
-  else:
-    ok = value > 0 and math.isfinite(value)
-  if not ok:
-    raise UserError(
-      f'mamba {name} must be a positive number, got {value!r}; set e.g. '
-      f'--config.model.attention.{name}={example}.'
-    )
-  return float(value)
+    return u_BxLxI, dt_BxLxI, a_IxN, b_BxLxN, c_BxLxN
 
 
 @register('mamba')
 class Mamba(SequenceMixer):
   """Mamba's selective-SSM mixer (causal, or bidirectional by two scans)."""
-
-  rotary = None
-  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
-
-  supports_causal = True
 
   def __init__(
     self,
@@ -264,13 +254,7 @@ class Mamba(SequenceMixer):
       emb_dim / 16
     )
     self.chunk_size = int_option('mamba', 'chunk_size', chunk_size, 1, 64)
-    dt_min = _positive_float('dt_min', dt_min, 0.001)
-    dt_max = _positive_float('dt_max', dt_max, 0.1)
-    if dt_min > dt_max:
-      raise UserError(
-        f'mamba dt_min ({dt_min}) must not exceed dt_max ({dt_max}); set '
-        'e.g. --config.model.attention.dt_min=0.001 and dt_max=0.1.'
-      )
+    dt_min, dt_max = step_range_option('mamba', dt_min, dt_max)
     inner = expand * emb_dim
     self.inner, self.num_states, self.conv_width = inner, state, width
     self.dtype = dtype
@@ -298,12 +282,21 @@ class Mamba(SequenceMixer):
     xz_BxLx2I = xz_BxLx2I.astype(jnp.float32)
     x_BxLxI = jnp.where(real[:, :, None], xz_BxLx2I[..., : self.inner], 0.0)
     z_BxLxI = xz_BxLx2I[..., self.inner :]
-    y_BxLxI = self.fwd(x_BxLxI, real, self.chunk_size)
+    flip = lambda t: t[:, ::-1]  # noqa: E731
+    directions = [(self.fwd, x_BxLxI, real)]
     if not mask.causal:
-      flip = lambda t: t[:, ::-1]  # noqa: E731
-      y_BxLxI = y_BxLxI + flip(
-        self.bwd(flip(x_BxLxI), flip(real), self.chunk_size)
-      )
+      directions.append((self.bwd, flip(x_BxLxI), flip(real)))
+    # Both directions in one scan: inputs stacked as [G, B, L, .].
+    per_direction = [d.scan_inputs(x, r) for d, x, r in directions]
+    u, dt, a, bm, cm = (jnp.stack(t) for t in zip(*per_direction))
+    y_GxBxLxI = selective_scan(u, dt, a[:, None], bm, cm, self.chunk_size)
+    y_GxBxLxI = (
+      y_GxBxLxI
+      + jnp.stack([d.d_I[...] for d, _, _ in directions])[:, None, None] * u
+    )
+    y_BxLxI = y_GxBxLxI[0]
+    if not mask.causal:
+      y_BxLxI = y_BxLxI + flip(y_GxBxLxI[1])
     y_BxLxI = y_BxLxI * jax.nn.silu(z_BxLxI)
     out_BxLxE = self.out_proj(y_BxLxI.astype(self.dtype))
     out_BxLxE = jnp.where(real[:, :, None], out_BxLxE, 0)

@@ -73,9 +73,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from errors import UserError
-from models.attention.base import bool_option, int_option
+from models.attention.base import int_option
 from models.attention.registry import register
-from models.mixers.base import SequenceMixer, dropout, real_BxL, zero_padded
+from models.mixers.base import (
+  SequenceMixer,
+  choice_option,
+  dropout,
+  f32_param,
+  numpy_rng,
+  real_BxL,
+  ssm_head_options,
+  zero_padded,
+)
 
 # Local legend: N complex modes (state_size / 2), G directions (1 or 2),
 # T the Vandermonde chunk, I the number of chunks.
@@ -89,40 +98,6 @@ def s4d_init_imag(state_size, init):
   if init == 'lin':
     return np.pi * n
   return state_size / np.pi * (state_size / (2 * n + 1) - 1)
-
-
-def choice_option(core, name, value, choices):
-  """value if it is one of `choices`, else one sentence naming them."""
-  if isinstance(value, str) and value in choices:
-    return value
-  raise UserError(
-    f'{core} {name} must be one of {", ".join(choices)}, got {value!r}; set '
-    f'e.g. --config.model.attention.{name}={choices[0]}.'
-  )
-
-
-def step_range_option(core, dt_min, dt_max):
-  """(dt_min, dt_max) as floats if 0 < dt_min <= dt_max, else one sentence."""
-  ok = all(
-    isinstance(v, (int, float, np.floating)) and not isinstance(v, bool)
-    for v in (dt_min, dt_max)
-  )
-  if ok and 0 < dt_min <= dt_max and math.isfinite(dt_max):
-    return float(dt_min), float(dt_max)
-  raise UserError(
-    f'{core} needs 0 < dt_min <= dt_max, got dt_min={dt_min!r} and '
-    f'dt_max={dt_max!r}; set e.g. --config.model.attention.dt_min=0.001 '
-    '--config.model.attention.dt_max=0.1.'
-  )
-
-
-def numpy_rng(rngs):
-  """A numpy Generator seeded by one key of the builder's rngs: every random
-  parameter still comes from `rngs`, without the one compilation per
-  parameter shape that eager jax.random calls cost (a second per layer on
-  a CPU)."""
-  seed = jax.random.bits(rngs.params(), (4,), jnp.uint32)
-  return np.random.default_rng(np.asarray(seed))
 
 
 def vandermonde_kernel(coef_GxExN, dta_ExN, length):
@@ -164,11 +139,6 @@ def fft_conv(u_BxLxE, k_fwd_ExL, k_bwd_ExL=None):
 class S4D(SequenceMixer):
   """S4D sequence mixer (see the module docstring)."""
 
-  rotary = None
-  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
-
-  supports_causal = True
-
   def __init__(
     self,
     *,
@@ -195,10 +165,8 @@ class S4D(SequenceMixer):
         f'{n_full}; set e.g. --config.model.attention.state_size=64.'
       )
     self.init = choice_option(name, 'init', init, ('lin', 'inv'))
-    self.dt_min, self.dt_max = step_range_option(name, dt_min, dt_max)
-    self.bidirectional = bool_option(name, 'bidirectional', bidirectional)
-    self.activation = choice_option(
-      name, 'activation', activation, ('gelu', 'glu')
+    self.dt_min, self.dt_max, self.bidirectional, self.activation = (
+      ssm_head_options(name, dt_min, dt_max, bidirectional, activation)
     )
     self.n_full = n_full
     self.emb_dim = e = emb_dim
@@ -207,19 +175,18 @@ class S4D(SequenceMixer):
     n = n_full // 2
     g = 2 if self.bidirectional else 1
     rng = numpy_rng(rngs)
-    param = lambda a: nnx.Param(jnp.asarray(a, _F32))  # noqa: E731
 
-    self.a_log_neg_re_ExN = param(np.full((e, n), np.log(0.5)))
+    self.a_log_neg_re_ExN = f32_param(np.full((e, n), np.log(0.5)))
     imag_N = s4d_init_imag(n_full, self.init)
-    self.a_im_ExN = param(np.broadcast_to(imag_N, (e, n)))
-    self.b_re_ExN = param(np.ones((e, n)))
-    self.b_im_ExN = param(np.zeros((e, n)))
-    self.c_re_GxExN = param(np.sqrt(0.5) * rng.standard_normal((g, e, n)))
-    self.c_im_GxExN = param(np.sqrt(0.5) * rng.standard_normal((g, e, n)))
-    self.log_dt_E = param(
+    self.a_im_ExN = f32_param(np.broadcast_to(imag_N, (e, n)))
+    self.b_re_ExN = f32_param(np.ones((e, n)))
+    self.b_im_ExN = f32_param(np.zeros((e, n)))
+    self.c_re_GxExN = f32_param(np.sqrt(0.5) * rng.standard_normal((g, e, n)))
+    self.c_im_GxExN = f32_param(np.sqrt(0.5) * rng.standard_normal((g, e, n)))
+    self.log_dt_E = f32_param(
       rng.uniform(np.log(self.dt_min), np.log(self.dt_max), (e,))
     )
-    self.d_E = param(rng.standard_normal((e,)))
+    self.d_E = f32_param(rng.standard_normal((e,)))
     out_dim = 2 * e if self.activation == 'glu' else e
     self.out = nnx.Linear(e, out_dim, dtype=dtype, rngs=rngs)
 

@@ -74,10 +74,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from errors import UserError
-from models.attention.base import bool_option, int_option
+from models.attention.base import int_option
 from models.attention.registry import register
-from models.mixers.base import SequenceMixer, dropout, real_BxL, zero_padded
-from models.mixers.s4d import choice_option, numpy_rng, step_range_option
+from models.mixers.base import (
+  SequenceMixer,
+  dropout,
+  f32_param,
+  numpy_rng,
+  real_BxL,
+  ssm_head_options,
+  zero_padded,
+)
 
 # Local legend: N = P/2 complex modes kept, G directions (1 or 2).
 _F32 = jnp.float32
@@ -137,11 +144,6 @@ def linear_scan(abar_N, bu_XxLxN, reverse=False, axis=1):
 class S5(SequenceMixer):
   """S5 sequence mixer (see the module docstring)."""
 
-  rotary = None
-  rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
-
-  supports_causal = True
-
   def __init__(
     self,
     *,
@@ -170,10 +172,8 @@ class S5(SequenceMixer):
         '--config.model.attention.state_size=64 '
         '--config.model.attention.blocks=1.'
       )
-    self.dt_min, self.dt_max = step_range_option(name, dt_min, dt_max)
-    self.bidirectional = bool_option(name, 'bidirectional', bidirectional)
-    self.activation = choice_option(
-      name, 'activation', activation, ('gelu', 'glu')
+    self.dt_min, self.dt_max, self.bidirectional, self.activation = (
+      ssm_head_options(name, dt_min, dt_max, bidirectional, activation)
     )
     self.p, self.blocks = p, j
     self.emb_dim = e = emb_dim
@@ -183,22 +183,21 @@ class S5(SequenceMixer):
     g = 2 if self.bidirectional else 1
 
     rng = numpy_rng(rngs)
-    param = lambda a: nnx.Param(jnp.asarray(a, _F32))  # noqa: E731
 
     lam_N, v_PxN = block_hippo_n(p, j)
-    self.lambda_log_neg_re_N = param(np.log(-lam_N.real))
-    self.lambda_im_N = param(lam_N.imag)
+    self.lambda_log_neg_re_N = f32_param(np.log(-lam_N.real))
+    self.lambda_im_N = f32_param(lam_N.imag)
     b_NxE = v_PxN.conj().T @ (rng.standard_normal((p, e)) / np.sqrt(e))
-    self.b_re_NxE = param(b_NxE.real)
-    self.b_im_NxE = param(b_NxE.imag)
+    self.b_re_NxE = f32_param(b_NxE.real)
+    self.b_im_NxE = f32_param(b_NxE.imag)
     c_2xGxExP = rng.standard_normal((2, g, e, p)) * np.sqrt(0.5)
     c_GxExN = (c_2xGxExP[0] + 1j * c_2xGxExP[1]) @ v_PxN
-    self.c_re_GxExN = param(c_GxExN.real)
-    self.c_im_GxExN = param(c_GxExN.imag)
-    self.log_step_N = param(
+    self.c_re_GxExN = f32_param(c_GxExN.real)
+    self.c_im_GxExN = f32_param(c_GxExN.imag)
+    self.log_step_N = f32_param(
       rng.uniform(np.log(self.dt_min), np.log(self.dt_max), (n,))
     )
-    self.d_E = param(rng.standard_normal((e,)))
+    self.d_E = f32_param(rng.standard_normal((e,)))
     self.out = (
       nnx.Linear(e, 2 * e, dtype=dtype, rngs=rngs)
       if self.activation == 'glu'
