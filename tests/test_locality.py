@@ -55,7 +55,7 @@ def test_the_length_the_attention_sees():
     'max_length 200 + the CLS token',
   )
   mqar = locality.local_config('mqar', 'small', (), catalogue=CATALOGUE())
-  assert locality.attended_length(mqar) == (128, 'max_length 128')
+  assert locality.attended_length(mqar) == (64, 'max_length 64')
 
 
 def test_planned_runs_are_local_per_block_then_the_transformer():
@@ -109,9 +109,9 @@ def test_bad_flags_are_one_sentence():
   proc = probe('--task=mqar', '--preset=small', '--out=x', '--blocks=2,256')
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
-    "error: --blocks '2,256': '256' is not a block size from 1 to 128, the "
-    'length the attention sees (max_length 128); give integers joined by '
-    'commas, e.g. --blocks 2,4,8,128.'
+    "error: --blocks '2,256': '256' is not a block size from 1 to 64, the "
+    'length the attention sees (max_length 64); give integers joined by '
+    'commas, e.g. --blocks 2,4,8,64.'
   ]
 
 
