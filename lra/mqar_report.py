@@ -7,7 +7,8 @@ reads each sweep folder's sweep.json (python -m lra.sweep --tasks mqar
 
   mqar.md    one row per (model, data form, width): the learning rate (or
              other grid combination) chosen on validation (lra/sweep_grid.py:
-             best validation accuracy), and the test accuracy of that run
+             best validation accuracy), how many grid runs finished (the
+             choice is among those), and the test accuracy of that run
              at each number of key-value pairs at the training length, then
              at the other extra test splits; a model whose runs have not all
              finished is marked partial;
@@ -94,7 +95,9 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           width=model.get('emb_dim'),
           choice=sweep_grid.label(tuple(best['grid'].items())),
           complete=tuned['complete'],
-          tried=len(tuned['runs']),
+          finished=sum(
+            e.get('status') in ('done', 'skipped') for e in tuned['runs']
+          ),
           seq_len=length,
           curve=dict(sorted(curve.items())),
           splits=splits,
@@ -118,7 +121,7 @@ def markdown(rows: list[dict]) -> str:
   )
   length = sorted({r['seq_len'] for r in rows})
   at = '/'.join(str(n) for n in length)
-  head = ['model', 'form', 'width', 'chosen on val']
+  head = ['model', 'form', 'width', 'chosen on val', 'runs']
   head += [f'{p} pairs (L={at})' for p in pairs]
   head += [f'L:pairs {n}' for n in others]
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -131,6 +134,7 @@ def markdown(rows: list[dict]) -> str:
       'bi' if r['form'] == 'bidirectional' else r['form'] or '-',
       str(r['width']),
       choice,
+      str(r['finished']),
       *(_percent(r['curve'].get(p)) for p in pairs),
       *(_percent(r['splits'].get(n)) for n in others),
     ]

@@ -74,7 +74,7 @@ def test_rows_pick_the_best_on_validation_and_join_the_curve(sweeps):
   text = mqar_report.markdown(rows)
   line = [ln for ln in text.splitlines() if ln.startswith('| `transformer`')]
   assert line == [
-    '| `transformer` | causal | 64 | learning_rate=3e-3 | 100.0 | 98.0 | '
+    '| `transformer` | causal | 64 | learning_rate=3e-3 | 2 | 100.0 | 98.0 | '
     '50.0 | 25.0 |'
   ]
   assert '| `linformer` | bi | 64 |' in text
