@@ -402,8 +402,10 @@ def write_probe(out, task, preset=None) -> list[str]:
     )
   length = _length_of([e for _, e in blocks] + [transformer])
   command = str(data.get('command') or '')
-  if not command.startswith('python -m lra.locality'):
-    command = ''  # a later sweep into OUT
+  if not command.startswith('python -m lra.locality') or not any(
+    arg in command.split() for arg in (f'--task={task}', task)
+  ):
+    command = ''  # a later sweep into OUT, or the probe of another task
   md = os.path.join(out, f'locality_{task}.md')
   with open(md, 'w') as f:
     f.write(markdown(task, preset, blocks, transformer, length, command))
