@@ -419,21 +419,14 @@ def write_probe(out, task, preset=None) -> list[str]:
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str]) -> None:
-  overrides = [a for a in argv[1:] if OVERRIDE.match(a)]
-  extra = [a for a in argv[1:] if not OVERRIDE.match(a)]
   f = flags.FLAGS
   try:
-    if extra:
-      raise UserError(
-        f'Unexpected argument {extra[0]!r}; config overrides are written '
-        '--config.<key>=<value>.'
-      )
-    missing = [n for n in ('task', 'out') if not f[n].value]
-    if missing:
-      raise UserError(
-        f'Give --{missing[0]}, e.g. python -m lra.locality --task listops '
-        '--preset small --out runs/locality.'
-      )
+    overrides = sweep.checked_argv(
+      argv,
+      ('task', 'out'),
+      'python -m lra.locality --task listops --preset small --out '
+      'runs/locality',
+    )
     if f.plot_only:
       check_task(f.task)
       preset = None if f.preset is None else _preset(f.preset)

@@ -174,22 +174,30 @@ def check_grid(runs) -> None:
       )
 
 
-def main(argv: list[str]) -> None:
-  overrides = [a for a in argv[1:] if OVERRIDE.match(a)]
+def checked_argv(argv: list[str], required: tuple, example: str) -> list:
+  """The --config.* overrides of a command line (a sweep's, a probe's);
+  one sentence for any other argument or a missing required flag."""
   extra = [a for a in argv[1:] if not OVERRIDE.match(a)]
+  if extra:
+    raise UserError(
+      f'Unexpected argument {extra[0]!r}; config overrides are written '
+      '--config.<key>=<value>.'
+    )
+  missing = [n for n in required if not flags.FLAGS[n].value]
+  if missing:
+    raise UserError(f'Give --{missing[0]}, e.g. {example}.')
+  return [a for a in argv[1:] if OVERRIDE.match(a)]
+
+
+def main(argv: list[str]) -> None:
   f = flags.FLAGS
   try:
-    if extra:
-      raise UserError(
-        f'Unexpected argument {extra[0]!r}; config overrides are written '
-        '--config.<key>=<value>.'
-      )
-    missing = [n for n in ('tasks', 'models', 'out') if not f[n].value]
-    if missing:
-      raise UserError(
-        f'Give --{missing[0]}, e.g. python -m lra.sweep --tasks listops '
-        '--models all --preset small --out runs/sweep.'
-      )
+    overrides = checked_argv(
+      argv,
+      ('tasks', 'models', 'out'),
+      'python -m lra.sweep --tasks listops --models all --preset small '
+      '--out runs/sweep',
+    )
     grid = sweep_grid.parse(f.grid, overrides)
     runs = plan(
       f.tasks,
