@@ -247,7 +247,8 @@ def test_dry_run_estimates_from_a_benchmark(tmp_path):
     'python train.py --config configs/listops.py:local,smoke --workdir '
     f'{out}/listops/local-smoke --config.num_train_steps=600'
   )
-  assert f'{bench}/benchmark.json' in lines[0]
+  assert lines[0] == '3 runs planned.'
+  assert f'{bench}/benchmark.json' in lines[1]
   assert 'transformer-smoke: about 1m 00s (600 steps at 10 steps/s' in (
     proc.stdout
   )
