@@ -58,16 +58,14 @@ sentence).
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 
 from absl import app, flags
 
-from lra import rundir, sweep, tasks, validate
+from lra import rundir, sweep, tasks
 from lra.errors import UserError
-from lra.sweep_estimate import dry_run
 from lra.sweep_plan import OVERRIDE, Catalogue, Run, plan, run_config
-from lra.sweep_run import Sweep, duration
+from lra.sweep_run import duration
 
 KEY = 'model.attention.block_size'
 LOCAL, FULL = 'local', 'transformer'
@@ -444,14 +442,9 @@ def main(argv: list[str]) -> None:
     runs = probe_runs(
       f.task, preset, f.out, overrides, blocks, catalogue=catalogue
     )
-    if f.dry_run:
-      dry_run(runs, f.bench)
+    status = sweep.execute(runs, 'lra.locality')
+    if status is None:
       return
-    if f.bench:
-      raise UserError('--bench is read by --dry_run only; add --dry_run.')
-    validate.check_dir(f.out, '--out')
-    command = shlex.join(['python', '-m', 'lra.locality', *sys.argv[1:]])
-    status = Sweep(runs, f.out, command).run()
     try:
       written = write_probe(f.out, f.task, preset)
       print(f'Locality: wrote {" and ".join(written)}.')

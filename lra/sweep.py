@@ -189,6 +189,20 @@ def checked_argv(argv: list[str], required: tuple, example: str) -> list:
   return [a for a in argv[1:] if OVERRIDE.match(a)]
 
 
+def execute(runs, module: str) -> int | None:
+  """--dry_run prints the runs (None); else runs them into --out and
+  returns the sweep's exit status (a sweep's, a probe's command line)."""
+  f = flags.FLAGS
+  if f.dry_run:
+    dry_run(runs, f.bench)
+    return None
+  if f.bench:
+    raise UserError('--bench is read by --dry_run only; add --dry_run.')
+  validate.check_dir(f.out, '--out')
+  command = shlex.join(['python', '-m', module, *sys.argv[1:]])
+  return Sweep(runs, f.out, command).run()
+
+
 def main(argv: list[str]) -> None:
   f = flags.FLAGS
   try:
@@ -209,14 +223,9 @@ def main(argv: list[str]) -> None:
       grid=grid,
     )
     check_grid(runs)
-    if f.dry_run:
-      dry_run(runs, f.bench)
-      return
-    if f.bench:
-      raise UserError('--bench is read by --dry_run only; add --dry_run.')
-    validate.check_dir(f.out, '--out')
-    command = shlex.join(['python', '-m', 'lra.sweep', *sys.argv[1:]])
-    sys.exit(Sweep(runs, f.out, command).run())
+    status = execute(runs, 'lra.sweep')
+    if status is not None:
+      sys.exit(status)
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
