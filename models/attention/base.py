@@ -14,6 +14,7 @@ prefix sums in float32 whatever the compute dtype; random patterns and
 features from explicit keys.
 """
 
+import functools
 from typing import NamedTuple
 
 from flax import nnx
@@ -114,15 +115,71 @@ def dropout(x, rate, key, *, backend=None):
   data-parallel mesh it is not partitioned (each device would draw the
   whole batch's bits), under vmap it reads only the first key, and JAX
   documents its bits as unstable across XLA versions.
+
+  The backward pass keeps the keep mask packed 8 flags to a byte (a custom
+  VJP, `_dropout`), where plain autodiff left XLA to keep the random words
+  it compares (on CPU both 32-bit threefry outputs: 8 bytes per element,
+  64 times more). Values and gradients are bit for bit those of
+  jnp.where(keep, x / (1 - rate), 0) under JAX's own autodiff.
   """
   if key is None or rate == 0.0:
     return x
   t = uint8_dropout_threshold(rate)
-  if dropout_bits_for(backend) == 'bernoulli' or t is None:
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
-  keep = uint8_bits(key, x.shape) >= t
-  return jnp.where(keep, x / (1.0 - t / DROPOUT_LEVELS), jnp.zeros_like(x))
+  if dropout_bits_for(backend) == 'bernoulli':
+    t = None
+  if not isinstance(rate, (int, float)):  # traced: no static rate to close on
+    return _dropped(x, _keep_mask(key, x.shape, rate, t), rate, t)
+  return _dropout(x, key, float(rate), t)
+
+
+def _keep_mask(key, shape, rate, t):
+  """`dropout`'s keep mask: bernoulli(1 - rate) where t is None, else the
+  uint8 rule (byte >= t)."""
+  if t is None:
+    return jax.random.bernoulli(key, 1.0 - rate, shape)
+  return uint8_bits(key, shape) >= t
+
+
+def _dropped(x, keep, rate, t):
+  """Kept values scaled by 1 / (1 - rate) (uint8 rule: 1 - t / 256)."""
+  scale = 1.0 - rate if t is None else 1.0 - t / DROPOUT_LEVELS
+  return jnp.where(keep, x / scale, jnp.zeros_like(x))
+
+
+def _pack(keep):
+  """bool[..., K] -> uint8[..., ceil(K / 8)], flag k in bit k % 8."""
+  keep = keep.reshape(keep.shape or (1,))
+  keep = pad_to_multiple(keep, 8, axis=keep.ndim - 1, value=False)
+  keep = keep.reshape(keep.shape[:-1] + (-1, 8)).astype(jnp.uint8)
+  shifts = jnp.arange(8, dtype=jnp.uint8)
+  return jnp.sum(keep << shifts, axis=-1, dtype=jnp.uint8)
+
+
+def _unpack(packed, shape):
+  """The bool[shape] that `_pack` packed."""
+  bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
+  bits = bits.reshape(packed.shape[:-1] + (-1,))
+  return bits[..., : (shape[-1] if shape else 1)].reshape(shape).astype(bool)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dropout(x, key, rate, t):
+  return _dropped(x, _keep_mask(key, x.shape, rate, t), rate, t)
+
+
+def _dropout_fwd(x, key, rate, t):
+  keep = _keep_mask(key, x.shape, rate, t)
+  return _dropped(x, keep, rate, t), _pack(keep)
+
+
+def _dropout_bwd(rate, t, packed, g):
+  # JAX's transpose of where(keep, x / scale, 0): where(keep, g, 0) / scale.
+  keep = _unpack(packed, g.shape)
+  scale = 1.0 - rate if t is None else 1.0 - t / DROPOUT_LEVELS
+  return jnp.where(keep, g, jnp.zeros_like(g)) / scale, None
+
+
+_dropout.defvjp(_dropout_fwd, _dropout_bwd)
 
 
 def visible_any_BxL(mask, batch, length_q, length_k):
@@ -222,3 +279,84 @@ def refuse_causal(core, mask, why=''):
       f'Attention core {core.registry_name!r} cannot be causal'
       f'{why}; use another core for causal masks.'
     )
+
+
+class _Static:
+  """fn and the args' tree structure: the static part of `recomputed`."""
+
+  def __init__(self, fn, tree):
+    self.fn, self.tree = fn, tree
+
+
+def _opaque_zero(x):
+  """int32 0 computed from one element of x, which XLA cannot fold: the
+  leading-zero count of a 32-bit word is at most 32, so >> 6 gives 0."""
+  word = x.reshape(-1)[0].astype(jnp.float32)
+  return jax.lax.clz(jax.lax.bitcast_convert_type(word, jnp.int32)) >> 6
+
+
+def _tie(x, zero):
+  """x, bit for bit, as a value XLA sees depending on `zero`."""
+  if x is None:
+    return x
+  if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+    data = jax.random.key_data(x)
+    return jax.random.wrap_key_data(
+      data | zero.astype(data.dtype), impl=jax.random.key_impl(x)
+    )
+  if x.dtype == jnp.bool_:
+    return x | (zero != 0)
+  if jnp.issubdtype(x.dtype, jnp.integer):
+    return x | zero.astype(x.dtype)
+  uint = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
+  bits = jax.lax.bitcast_convert_type(x, uint) | zero.astype(uint)
+  return jax.lax.bitcast_convert_type(bits, x.dtype)
+
+
+def _differentiable(x):
+  return x is not None and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _recomputed(static, *leaves):
+  return static.fn(*jax.tree.unflatten(static.tree, leaves))
+
+
+def _recomputed_fwd(static, *leaves):
+  return _recomputed(static, *leaves), leaves
+
+
+def _recomputed_bwd(static, leaves, g):
+  zero = _opaque_zero(next(x for x in jax.tree.leaves(g) if _differentiable(x)))
+  tied = [_tie(x, zero) for x in leaves]
+  diff = [i for i, x in enumerate(tied) if _differentiable(x)]
+
+  def f(*d):
+    full = list(tied)
+    for i, x in zip(diff, d, strict=True):
+      full[i] = x
+    return static.fn(*jax.tree.unflatten(static.tree, full))
+
+  _, vjp = jax.vjp(f, *[tied[i] for i in diff])
+  cts = dict(zip(diff, vjp(g), strict=True))
+  return tuple(cts.get(i) for i in range(len(leaves)))
+
+
+_recomputed.defvjp(_recomputed_fwd, _recomputed_bwd)
+
+
+def recomputed(fn, *args):
+  """fn(*args), its backward pass recomputing fn's forward from args.
+
+  Residuals are args only (for a sparse core: q, k, v, the key padding
+  mask and the dropout key), not fn's intermediates (gathered key/value
+  copies, logits, weights, dropout masks). Values and gradients are those
+  of fn itself. The recomputation is tied to the output cotangent by a
+  data dependency XLA cannot fold (`_opaque_zero`), so XLA cannot merge it
+  with the forward pass by common-subexpression elimination: jax.checkpoint
+  relies on an optimization barrier, which XLA's CPU compiler removes, so
+  there it saves nothing. fn must close over no traced values (only
+  Python and numpy constants); args may hold arrays, PRNG keys and None.
+  """
+  leaves, tree = jax.tree.flatten(args, is_leaf=lambda x: x is None)
+  return _recomputed(_Static(fn, tree), *leaves)

@@ -98,6 +98,7 @@ from models.attention.base import (
   int_option,
   key_valid_BxM,
   pad_to_multiple,
+  recomputed,
   refuse_causal,
 )
 from models.attention.registry import register
@@ -294,10 +295,26 @@ class BigBirdAttention(AttentionCore):
       )
     if self.etc_tokens:
       return self._etc(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, rngs)
+    valid_BxL = key_valid_BxM(mask, batch, length)
+    if rngs is None or not self.dropout_rate > 0:
+      rngs = None
+    out_BxLxHxD = recomputed(
+      lambda q, k, v, valid, key: self._itc(q, k, v, valid, mask.causal, key),
+      q_BxLxHxD,
+      k_BxMxHxD,
+      v_BxMxHxD,
+      valid_BxL,
+      rngs,
+    )
+    return out_BxLxHxD.astype(self.dtype), {}
+
+  def _itc(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, valid_BxL, causal, rngs):
+    """ITC attention (module docstring); [B, L, H, D] in v's dtype."""
+    batch, length, heads, _ = q_BxLxHxD.shape
     c = self.block_size
     n = -(-length // c)
     padded = n * c
-    valid_BxM = pad_to_multiple(key_valid_BxM(mask, batch, length), c, 1, False)
+    valid_BxM = pad_to_multiple(valid_BxL, c, 1, False)
 
     def blocked(x_BxLxHxD):
       x_BxLxHxD = pad_to_multiple(x_BxLxHxD, c, 1)
@@ -308,7 +325,7 @@ class BigBirdAttention(AttentionCore):
     k_BxHxNxCxD = blocked(k_BxMxHxD)
     v_BxHxNxCxD = blocked(v_BxMxHxD)
     key_global = key_middle = None
-    if rngs is not None and self.dropout_rate > 0:
+    if rngs is not None:
       key_global, key_middle = jax.random.split(rngs)
 
     # Global query blocks (first, last) attend to every key.
@@ -317,7 +334,7 @@ class BigBirdAttention(AttentionCore):
     k_BxHx1xMxD = k_BxHxNxCxD.reshape(batch, heads, 1, padded, -1)
     v_BxHx1xMxD = v_BxHxNxCxD.reshape(batch, heads, 1, padded, -1)
     allowed_global = valid_BxM[:, None, None, None, :]  # [B, 1, 1, 1, M]
-    if mask.causal:
+    if causal:
       q_pos_GxC = np.array(global_ids)[:, None] * c + np.arange(c)
       causal_GxCxM = jnp.arange(padded) <= jnp.asarray(q_pos_GxC)[..., None]
       allowed_global = allowed_global & causal_GxCxM  # [B, 1, G, C, M]
@@ -349,7 +366,7 @@ class BigBirdAttention(AttentionCore):
       )
       # [B, H, N - 2, 1, K], with causal [B, H, N - 2, C, K].
       allowed_middle = allowed_BxHxNxSxC.reshape(batch, heads, n - 2, 1, s * c)
-      if mask.causal:
+      if causal:
         k_pos_HxNx1xK = (blocks_HxNxS[..., None] * c + np.arange(c)).reshape(
           heads, n - 2, 1, s * c
         )
@@ -373,8 +390,7 @@ class BigBirdAttention(AttentionCore):
       parts.append(out_BxHxGxCxD[:, :, 1:])
     out_BxHxNxCxD = jnp.concatenate(parts, axis=2)
     out_BxHxLxD = out_BxHxNxCxD.reshape(batch, heads, padded, -1)[:, :, :length]
-    out_BxLxHxD = jnp.transpose(out_BxHxLxD, (0, 2, 1, 3))
-    return out_BxLxHxD.astype(self.dtype), {}
+    return jnp.transpose(out_BxHxLxD, (0, 2, 1, 3))
 
   def _etc(self, q_BxTxHxD, k_BxTxHxD, v_BxTxHxD, mask, rngs):
     """ETC: the first G positions global, the rest block-sparse (window and

@@ -103,6 +103,7 @@ from models.attention.base import (
   int_option,
   key_valid_BxM,
   pad_to_multiple,
+  recomputed,
   refuse_causal,
 )
 from models.attention.registry import register
@@ -325,16 +326,17 @@ class LongformerAttention(AttentionCore):
       key = key_band
       if key is not None and len(groups) > 1:
         key = jax.random.fold_in(key_band, i)
+      band = lambda q, k, v, valid, key, d=d: self._band(  # noqa: E731
+        q, k, v, valid, glob_G, mask.causal, key, d
+      )
       outs.append(
-        self._band(
+        recomputed(
+          band,
           pick(q_BxLxHxD),
           pick(k_BxMxHxD),
           pick(v_BxMxHxD),
           valid_BxL,
-          glob_G,
-          mask.causal,
           key,
-          d,
         )
       )
       order.extend(heads_h.tolist())

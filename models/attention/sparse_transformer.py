@@ -70,6 +70,8 @@ causal masks even in its encoders; here the pattern is bidirectional unless
 Mask.causal.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -78,6 +80,7 @@ from models.attention.base import (
   AttentionCore,
   int_option,
   masked_softmax,
+  recomputed,
 )
 from models.attention.local import (
   check_self_attention,
@@ -430,20 +433,24 @@ class SparseTransformerAttention(AttentionCore):
       valid_BxNxC = valid_blocks(mask, b, length, stride)
       qkv = (t[:, :, start:end] for t in (q_BxLxHxD, k_BxMxHxD, v_BxMxHxD))
       if name == 'strided':
-        part_BxLxHxD = strided(
-          *qkv, valid_BxNxC, mask.causal, stride, part=part, key=key, **kw
+        fn = functools.partial(
+          strided, causal=mask.causal, stride=stride, part=part, **kw
         )
       else:
-        part_BxLxHxD = fixed(
-          *qkv,
-          valid_BxNxC,
-          mask.causal,
-          stride,
-          summary,
+        fn = functools.partial(
+          fixed,
+          causal=mask.causal,
+          stride=stride,
+          summary=summary,
           part=part,
-          key=key,
           **kw,
         )
+      part_BxLxHxD = recomputed(
+        lambda q, k, v, valid, key, fn=fn: fn(q, k, v, valid, key=key),
+        *qkv,
+        valid_BxNxC,
+        key,
+      )
       outs.append(part_BxLxHxD)
     out_BxLxHxD = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=2)
     return out_BxLxHxD.astype(self.dtype), {}
