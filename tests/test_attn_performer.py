@@ -47,6 +47,7 @@ def test_equals_quadratic_form(kernel, causal, padded):
   assert np.isfinite(out).all()
 
 
+@pytest.mark.slow
 def test_approximates_softmax_better_with_more_features():
   """Error vs exact softmax falls 16 -> 1024 features; beats uniform."""
   length, heads, dim = 64, 8, 16

@@ -44,6 +44,7 @@ def bench_dir(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_table_json_and_plots(bench_dir):
   for name in ('benchmark.json', 'benchmark.md', 'speed.png', 'memory.png'):
     assert os.path.getsize(os.path.join(bench_dir, name)) > 0, name

@@ -93,6 +93,7 @@ def test_tiny_run_completes_within_its_budget(tmp_path):
       assert {r['model'] for r in cell['rows']} >= {'transformer'}
 
 
+@pytest.mark.slow
 def test_a_small_budget_stops_early_and_keeps_what_it_finished(tmp_path):
   budget = 40
   report, seconds = run_devicecheck(tmp_path, budget)

@@ -238,6 +238,7 @@ def test_eval_py_max_length_evaluates_a_saved_run_longer(
   assert result['max_length'] == 20 and result['count'] == 64
 
 
+@pytest.mark.slow
 def test_staged_fine_tune_compiles_once_per_stage_and_records_init_from(
   smoke_run, smoke_data_dir, tmp_path, monkeypatch, capsys
 ):

@@ -193,6 +193,7 @@ def probed(tmp_path_factory):
   return s
 
 
+@pytest.mark.slow
 def test_probe_trains_each_block_and_the_transformer(probed):
   assert probed.first.returncode == 0, probed.first.stderr[-3000:]
   runs = probed.sweep['runs']

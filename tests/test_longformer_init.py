@@ -41,6 +41,7 @@ def tokens_BxL():
   return jnp.asarray(tokens)
 
 
+@pytest.mark.slow
 def test_transformer_run_converts_to_longformer_with_its_outputs(
   smoke_run, smoke_data_dir, tokens_BxL
 ):

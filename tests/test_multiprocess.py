@@ -102,6 +102,7 @@ def two_process_run(tmp_path_factory, smoke_data_dir):
   return workdir, killed, saved, resumed
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_resume_like_one(two_process_run, smoke_run):
   workdir, killed, saved, resumed = two_process_run
   assert [rc for rc, _, _ in killed] == [3, 3], killed[0][2][-2000:]

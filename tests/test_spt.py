@@ -52,6 +52,7 @@ def test_unknown_preset_lists_the_aliases():
   assert base.parse_arg('local,small_spt,spt') == ('local', ['small', 'spt'])
 
 
+@pytest.mark.slow
 def test_smoke_spt_training_is_deterministic_and_resumes_exactly(
   smoke_data_dir, tmp_path
 ):

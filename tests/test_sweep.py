@@ -109,6 +109,7 @@ def swept(tmp_path_factory, smoke_data_dir):
   return s
 
 
+@pytest.mark.slow
 def test_failure_is_recorded_and_the_sweep_goes_on(swept):
   assert swept.first.returncode == 1, swept.first.stderr[-2000:]
   runs = swept.first_runs

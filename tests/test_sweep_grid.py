@@ -111,6 +111,7 @@ def test_bad_grid_value_and_spt_are_refused(tmp_path):
     plan('listops', 'local', 'smoke_spt', 'o', grid=(('lr', ('1', '2')),))
 
 
+@pytest.mark.slow
 def test_two_by_two_grid_runs_picks_and_skips(tmp_path, smoke_data_dir):
   out = str(tmp_path / 'grid')
   common = (

@@ -294,6 +294,7 @@ def test_bfloat16_and_accumulated_steps_train(data_dir):
   assert not same(seen[2], seen[3])
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_resumable_checkpoint(tmp_path, data_dir):
   workdir = tmp_path / 'interrupted'
   proc = subprocess.Popen(
@@ -378,6 +379,7 @@ def test_sigterm_saves_and_the_run_resumes_exactly(tmp_path, data_dir):
   assert a == b and a['last_step'] == step + 3
 
 
+@pytest.mark.slow
 def test_killed_while_a_save_is_written_resumes_exactly(
   tmp_path, data_dir, full_run
 ):
