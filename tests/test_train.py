@@ -379,7 +379,6 @@ def test_sigterm_saves_and_the_run_resumes_exactly(tmp_path, data_dir):
   assert a == b and a['last_step'] == step + 3
 
 
-@pytest.mark.slow
 def test_killed_while_a_save_is_written_resumes_exactly(
   tmp_path, data_dir, full_run
 ):
