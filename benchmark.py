@@ -67,7 +67,11 @@ on CPU, paper elsewhere) unless --steps/--warmup are given.
     out) against the bare compiled step's throughput on the same shapes in
     the same process: loop_steps_per_sec, bare_steps_per_sec and
     loop_over_bare. The loop's rate is from metrics.jsonl's train rows
-    after the two warm-up stretches (loop_rate).
+    after the two warm-up stretches (loop_rate). --loop_rounds (3) pairs
+    of (bare, loop) run one after the other; the row gives the medians
+    (loop_over_bare: the median of the rounds' ratios) and each round in
+    loop_rounds, since a shared CPU's speed drifts more between runs than
+    the gap measured.
 
 Every cell also gets examples_per_sec (steps/s x batch), tokens_per_sec
 (x max_length x documents per example; CLS not counted) and mfu, model
@@ -612,19 +616,46 @@ def loop_rate(rows, skip=LOOP_WARMUP_STRETCHES):
   return done, (done / seconds if seconds > 0 else None)
 
 
-def measure_loop(row, config, task, shardings, num_steps, warmup, **kwargs):
-  """--mode loop: the bare step's throughput (measure), then train.py's
-  train_and_evaluate on the same config and its steps/s (loop_rate)."""
-  measure(row, config, task, shardings, num_steps, warmup, **kwargs)
-  bare = row['bare_steps_per_sec'] = row['steps_per_sec']
-  gc.collect()
-  with tempfile.TemporaryDirectory(prefix='bench_loop_') as tmp:
-    workdir = os.path.join(tmp, 'run')
-    train.train_and_evaluate(loop_config(config, num_steps), workdir)
-    done, rate = loop_rate(read_rows(os.path.join(workdir, 'metrics.jsonl')))
+def measure_loop(
+  row, config, task, shardings, num_steps, warmup, rounds=1, **kwargs
+):
+  """--mode loop: `rounds` times, the bare step's throughput (measure)
+  then train.py's train_and_evaluate on the same config and its steps/s
+  (loop_rate), side by side. A shared machine's speed drifts by more than
+  the gap measured here (tens of percent between runs a minute apart on
+  this project's CPU), so each round's ratio compares neighbours and the
+  row gives the median ratio and the medians of both rates
+  (loop_rounds: every round's numbers)."""
+  measured = []
+  for i in range(max(rounds, 1)):
+    bare_row = row if i == 0 else {'mode': row['mode']}
+    measure(bare_row, config, task, shardings, num_steps, warmup, **kwargs)
+    gc.collect()
+    with tempfile.TemporaryDirectory(prefix='bench_loop_') as tmp:
+      workdir = os.path.join(tmp, 'run')
+      train.train_and_evaluate(loop_config(config, num_steps), workdir)
+      done, rate = loop_rate(
+        read_rows(os.path.join(workdir, 'metrics.jsonl'))
+      )
+    bare = bare_row['steps_per_sec']
+    measured.append({
+      'bare_steps_per_sec': bare,
+      'loop_steps_per_sec': rate,
+      'loop_over_bare': rate / bare if rate and bare else None,
+    })
+    gc.collect()
+
+  def median(key):
+    values = [m[key] for m in measured if m[key] is not None]
+    return float(np.median(values)) if values else None
+
+  row['loop_rounds'] = measured
   row['loop_timed_steps'] = done
-  row['loop_steps_per_sec'] = rate
-  row['loop_over_bare'] = rate / bare if rate and bare else None
+  row['steps_per_sec'] = row['bare_steps_per_sec'] = median(
+    'bare_steps_per_sec'
+  )
+  row['loop_steps_per_sec'] = median('loop_steps_per_sec')
+  row['loop_over_bare'] = median('loop_over_bare')
 
 
 def failure(error):
@@ -708,6 +739,8 @@ def run_cell(spec, on_compiled=None):
       sequence_length=config.max_length + int(config.model.pooling == 'cls'),
     )
     kwargs = {'on_compiled': on_compiled} if on_compiled else {}
+    if row['mode'] == 'loop':
+      kwargs['rounds'] = spec.get('loop_rounds') or 1
     run = measure_loop if row['mode'] == 'loop' else measure
     run(
       row, config, task, _SHARDINGS[0], spec['steps'], spec['warmup'], **kwargs
@@ -882,6 +915,7 @@ def run_config_benchmark(
   mode='latency',
   cell_timeout_s=None,
   peak_flops=None,
+  loop_rounds=1,
 ):
   """Measures the training step of the config that `args` give
   (['--config=configs/<task>.py:<model>[,preset]', '--config.<k>=<v>',
@@ -899,6 +933,7 @@ def run_config_benchmark(
       'dtype': dtype,
       'mode': mode,
       'peak_flops': peak_flops,
+      'loop_rounds': loop_rounds,
     }
     for model in (models or [None])
     for n in (lengths or [None])
@@ -973,6 +1008,13 @@ def define_flags():
   flags.DEFINE_integer('batch_size', None, 'Global batch size.')
   flags.DEFINE_integer('steps', None, 'Timed steps per cell.')
   flags.DEFINE_integer('warmup', None, 'Untimed steps after compile.')
+  flags.DEFINE_integer(
+    'loop_rounds',
+    3,
+    '--mode loop: bare step and loop measured side by side this many '
+    'times; the row gives the median ratio (and every round).',
+    lower_bound=1,
+  )
   flags.DEFINE_string('out', None, 'Output directory.')
   flags.DEFINE_enum(
     'dtype',
@@ -1064,6 +1106,7 @@ def main(argv):
         models=select_models(f.models) if f['models'].present else None,
         lengths=parse_lengths(f.lengths) if f['lengths'].present else None,
         dtype=f.dtype if f['dtype'].present else None,
+        loop_rounds=f.loop_rounds,
         **common,
       )
       return

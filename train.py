@@ -351,18 +351,33 @@ def prefetched(
   batch_sharding,
   start: int,
 ) -> Prefetcher:
-  """(step, (device batch, key)) for the steps after `start`, made
-  config.prefetch steps ahead on a worker thread (lra/prefetch.py): one
-  transfer per batch; the key of step s is fold_in(key(seed) + 1, s)."""
-  base_key = jax.random.fold_in(jax.random.key(config.seed), 1)
+  """(step, batch) for the steps after `start`, made prefetch_depth(config)
+  steps ahead on a worker thread (lra/prefetch.py) and transferred there,
+  one transfer per batch; depth 0: made in the loop's thread, host arrays
+  that the step's dispatch places (one process; several: placed here).
+  The step's key is drawn inside the step (lra.steps.step_key:
+  fold_in(fold_in(key(seed), 1), s))."""
+  depth = prefetch_depth(config)
+  on_host = depth == 0 and jax.process_count() == 1
 
   def prepared(step):
     batch = training_batch(config, task, data, stages, step - 1)
-    key = jax.random.fold_in(base_key, step)
-    return runtime.to_device(batch, batch_sharding), key
+    return batch if on_host else runtime.to_device(batch, batch_sharding)
 
   steps_left = range(start + 1, config.num_train_steps + 1)
-  return Prefetcher(prepared, steps_left, config.get('prefetch', 2))
+  return Prefetcher(prepared, steps_left, depth)
+
+
+def prefetch_depth(config: ConfigDict) -> int:
+  """config.prefetch, with -1 (the default): 0 on a CPU, 2 on an
+  accelerator. On a CPU the loop's own thread is faster (measured in
+  docs/benchmark.md: a worker thread contends with the step's dispatch for
+  Python's lock); on a GPU/TPU the worker keeps the next two batches
+  transferred while the device computes."""
+  depth = config.get('prefetch', -1)
+  if depth < 0:
+    return 0 if jax.default_backend() == 'cpu' else 2
+  return depth
 
 
 def exit_interrupted(last_good: int, preempted: bool) -> None:
@@ -397,7 +412,14 @@ def train_and_evaluate(
   stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
   prepare = objectives.in_step(config, task)  # masked_lm's masks, in jit
-  train_step = steps.make_train_step(graphdef, prepare)
+  train_step = steps.make_train_step(
+    graphdef,
+    prepare,
+    config.seed,
+    # Host batches are placed by the step's dispatch (prefetched): one
+    # process only, where the host's rows are the global batch.
+    (replicated, batch_sharding) if jax.process_count() == 1 else None,
+  )
   eval_step = steps.make_eval_step(graphdef, prepare)
 
   def evaluate(state, split):
@@ -433,15 +455,19 @@ def train_and_evaluate(
       stop_requests() as stop_requested,
       prefetched(config, task, data, stages, batch_sharding, start) as batches,
     ):
-      for step, (batch, key) in batches:
-        state, metrics = train_step(state, batch, key)
-        new_stage = curriculum.length_at(
-          stages, step, config.max_length
-        ) != curriculum.length_at(stages, step - 1, config.max_length)
-        progress.step_done(step, metrics, step == start + 1 or new_stage)
+      for step, batch in batches:
+        compiles = step == start + 1 or (
+          bool(stages)
+          and curriculum.length_at(stages, step, config.max_length)
+          != curriculum.length_at(stages, step - 1, config.max_length)
+        )
+        if compiles:  # the held row's steps/s without the compilation
+          progress.write_held()
+        state, metrics = train_step(state, batch)
+        progress.step_done(step, metrics, compiles)
         last = step == config.num_train_steps
-        if step % config.log_every_steps == 0 or last:
-          progress.flush(step)
+        if step % config.log_every_steps == 0:
+          progress.log_step(step)  # written after the next step's dispatch
         if step % config.eval_every_steps == 0 or last:
           progress.flush(step)
           val = evaluate(state, 'val')

@@ -55,8 +55,10 @@ def get_base_config():
   # saves at the end of the current step whatever this says.
   c.checkpoint_every_minutes = 0.0
   # Training batches prepared and transferred this many steps ahead, on a
-  # worker thread (lra/prefetch.py; the same numbers whatever the depth).
-  c.prefetch = 2
+  # worker thread (lra/prefetch.py; the same numbers whatever the depth);
+  # 0: in the loop's thread; -1: 0 on a CPU (faster there: the worker
+  # contends with the step's dispatch for Python's lock), 2 on a GPU/TPU.
+  c.prefetch = -1
   # Log training metrics every N steps.
   c.log_every_steps = 50
   # Checkpoints of the latest steps to keep (the best one is kept apart).

@@ -42,6 +42,11 @@ def check_batch(batch_size, what='batch_size'):
 
 
 def to_device(batch, sharding):
+  """The host's rows of a batch as global arrays sharded over the batch
+  axis: one device_put of the whole dict in a single process (a batched
+  transfer), the process-local assembly with several."""
+  if jax.process_count() == 1:
+    return jax.device_put(batch, sharding)
   return {
     k: jax.make_array_from_process_local_data(sharding, v)
     for k, v in batch.items()

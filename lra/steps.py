@@ -5,8 +5,6 @@ The model is any nnx.Module called as `model(inputs, key=...)` returning
 here; lra/ never imports models/.
 """
 
-import functools
-
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -81,14 +79,35 @@ def make_optimizer(config):
   return tx
 
 
-def make_train_step(graphdef, prepare=None):
-  """jit(state, batch, key) -> (state, metrics); the state is donated.
-  prepare(batch, key), when given, makes the model's batch from the host's
-  inside the step (lra.objectives.in_step: masked_lm's masks)."""
+def step_key(seed, step):
+  """The random key of training step `step` (counted from 1) of a run with
+  `seed`: fold_in(fold_in(key(seed), 1), step). The same bits eagerly and
+  inside jit (threefry is a pure function of its inputs)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
 
-  @functools.partial(jax.jit, donate_argnums=0)
-  def train_step(state, batch, key):
+
+def make_train_step(graphdef, prepare=None, seed=None, shardings=None):
+  """jit(state, batch, key=None) -> (state, metrics); the state is donated.
+  prepare(batch, key), when given, makes the model's batch from the host's
+  inside the step (lra.objectives.in_step: masked_lm's masks).
+
+  key None (train.py's loop): the step draws its own key,
+  step_key(seed, s) for its step s = the optimizer's update count + 1 (one
+  update per call, grad accumulation included), so the host neither computes
+  nor transfers a key per step and a resumed run meets the same keys.
+
+  shardings = (state sharding, batch sharding): jit(state, batch) with
+  these in_shardings, so the batch may be given as host (numpy) arrays: the
+  step's dispatch places them (one process only: host arrays are then the
+  global batch). train.py's loop does so on CPU, where a separate
+  device_put costs about a tenth of a small model's step."""
+
+  def train_step(state, batch, key=None):
     model, optimizer = nnx.merge(graphdef, state)
+    if key is None:
+      if seed is None:
+        raise ValueError('make_train_step(seed=...) draws keys in the step')
+      key = step_key(seed, optimizer.step[...] + 1)
     if prepare is not None:
       batch = prepare(batch, key)
 
@@ -112,7 +131,13 @@ def make_train_step(graphdef, prepare=None):
     )
     return new_state, metrics
 
-  return train_step
+  if shardings is None:
+    return jax.jit(train_step, donate_argnums=0)
+  return jax.jit(
+    lambda state, batch: train_step(state, batch),
+    donate_argnums=0,
+    in_shardings=shardings,
+  )
 
 
 def make_eval_step(graphdef, prepare=None):

@@ -29,7 +29,7 @@ _INT_AT_LEAST = {
   'num_train_steps': (1, 5000),
   'eval_every_steps': (1, 500),
   'checkpoint_every_steps': (1, 500),
-  'prefetch': (1, 2),
+  'prefetch': (-1, 2),
   'log_every_steps': (1, 50),
   'keep_checkpoints': (1, 2),
   'warmup_steps': (0, 1000),

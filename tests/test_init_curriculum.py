@@ -245,8 +245,8 @@ def test_staged_fine_tune_compiles_once_per_stage_and_records_init_from(
   """One in-process run with both: a curriculum and a pretrained encoder."""
   made = []
 
-  def recording(graphdef, prepare=None):
-    made.append(steps.make_train_step.__wrapped__(graphdef, prepare))
+  def recording(graphdef, prepare=None, *args):
+    made.append(steps.make_train_step.__wrapped__(graphdef, prepare, *args))
     return made[-1]
 
   recording.__wrapped__ = steps.make_train_step

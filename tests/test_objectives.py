@@ -47,10 +47,9 @@ def padded_batch(n=64, length=128, seed=0):
   }
 
 
-def step_key(seed, step):
-  """train.py's key of a step (train.prefetched): the dropout key, from
-  which the step draws masked_lm's masks."""
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
+# train.py's key of a step (drawn inside the step): the dropout key, from
+# which the step draws masked_lm's masks.
+step_key = steps.step_key
 
 
 def masked(batch, step=0, seed=0, mask_rate=0.15, sharding=None, key=None):

@@ -114,7 +114,10 @@ def test_killed_and_resumed_run_ends_exactly_like_uninterrupted(
   proc = train(workdir, data_dir, '--stop_after_steps=4', check=False)
   assert proc.returncode == 3, proc.stderr
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
-  train(workdir, data_dir)  # the same command again resumes from step 3
+  # The same command again resumes from step 3; here with the batches made
+  # on the worker thread and transferred there (CPU default: in the loop's
+  # thread, placed by the step), which changes no number.
+  train(workdir, data_dir, '--config.prefetch=2')
   a = json.load(open(os.path.join(full_run, 'results.json')))
   b = json.load(open(os.path.join(workdir, 'results.json')))
   assert a == b
@@ -212,6 +215,42 @@ def test_one_device_step_equals_four_device_step(data_dir):
   (s1, m1), (s4, m4) = results
   np.testing.assert_allclose(m1['loss'], m4['loss'], rtol=1e-5)
   chex.assert_trees_all_close(s1, s4, rtol=1e-4, atol=1e-6)
+
+
+def test_the_step_draws_the_key_the_loop_used_to_pass(data_dir):
+  """make_train_step(seed=...) called without a key draws step s's key,
+  step_key(seed, s) with s = the optimizer's count + 1, inside the step:
+  the same state as passing that key, step after step (so a run keeps
+  its numbers), with the host batch placed by the step (in_shardings)."""
+  config = listops_config.get_config('transformer,smoke')
+  config.data_dir = data_dir
+  config.model.dropout_rate = 0.3  # the key matters
+  task = tasks.get_task('listops')
+  inputs, labels = runtime.load_data(config, task, progress=False)['train']
+  replicated, batch_sharding = runtime.make_mesh()
+  graphdef, a = create_state(config, task, replicated)
+  given = steps.make_train_step(graphdef)
+  drawn = steps.make_train_step(
+    graphdef, seed=7, shardings=(replicated, batch_sharding)
+  )
+  b = create_state(config, task, replicated)[1]
+  other = create_state(config, task, replicated)[1]
+  for s in (1, 2, 3):
+    batch = batching.train_batch(
+      inputs,
+      labels,
+      seed=0,
+      step=s - 1,
+      global_batch=8,
+      length=config.max_length,
+    )
+    placed = runtime.to_device(batch, batch_sharding)
+    a, ma = given(a, placed, steps.step_key(7, s))
+    b, mb = drawn(b, batch)  # host arrays
+    assert jax.device_get(ma) == jax.device_get(mb)
+    other, mo = given(other, placed, steps.step_key(8, s))
+    assert mo['loss'] != ma['loss']  # another seed's dropout
+  chex.assert_trees_all_equal(jax.device_get(a), jax.device_get(b))
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(
