@@ -1,18 +1,20 @@
 """Every error a user can cause: one sentence on stderr, exit 2, no trace,
 nothing written; damaged checkpoints and caches: a warned fallback.
 
-The table runs each case as a subprocess (two at a time: most of a case's
-cost is importing jax) against a finished smoke run and its data cache, and
-checks that none of their files changed and no fresh workdir appeared.
+The table runs each case's command line as `python <args>` would, in a
+forked child of one process that imported the project once
+(tests/forkrun.py: most of a plain subprocess's cost is importing JAX), two
+at a time, against a finished smoke run and its data cache, and checks that
+none of their files changed and no fresh workdir appeared.
 """
 
-import concurrent.futures
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -219,20 +221,36 @@ def expand(command, places, case_id):
   return args
 
 
-def run_case(case_id, command, places):
-  env = dict(os.environ)
-  if case_id == 'env_data_dir_in_file':
-    env['LRA_DATA_DIR'] = os.path.join(places['file'], 'data')
-  args = expand(command, places, case_id)
-  proc = subprocess.run(
-    [sys.executable, *args],
+def run_cases(cases, places, tmp):
+  """{case_id: (args, result)}: every case's command line run as `python
+  <args>` would, in forked children of one process that imported the
+  project once (tests/forkrun.py: most of a subprocess's cost is importing
+  JAX), two at a time."""
+  jobs, ids = [], []
+  for case_id, command, _ in cases:
+    env = dict(os.environ)
+    if case_id == 'env_data_dir_in_file':
+      env['LRA_DATA_DIR'] = os.path.join(places['file'], 'data')
+    jobs.append(
+      {'args': expand(command, places, case_id), 'env': env, 'cwd': ROOT}
+    )
+    ids.append(case_id)
+  jobs_path, results_path = str(tmp / 'jobs.json'), str(tmp / 'results.json')
+  with open(jobs_path, 'w') as f:
+    json.dump(jobs, f)
+  subprocess.run(
+    [sys.executable, os.path.join(ROOT, 'tests', 'forkrun.py'), jobs_path,
+     results_path],
     cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    env=env,
+    check=True,
+    timeout=600,
   )
-  return args, proc
+  with open(results_path) as f:
+    results = json.load(f)
+  return {
+    case_id: (job['args'], types.SimpleNamespace(**result))
+    for case_id, job, result in zip(ids, jobs, results)
+  }
 
 
 @pytest.fixture(scope='module')
@@ -256,12 +274,7 @@ def table(tmp_path_factory, smoke_run, smoke_data_dir):
     '( ( [MIN 2 ) ] )\tseven\n',
   )
   watched = {p: digest(places[p]) for p in ('run', 'data', 'bad_cache')}
-  with concurrent.futures.ThreadPoolExecutor(2) as pool:
-    futures = {
-      case_id: pool.submit(run_case, case_id, command, places)
-      for case_id, command, _ in CASES
-    }
-    results = {k: f.result() for k, f in futures.items()}
+  results = run_cases(CASES, places, tmp)
   after = {p: digest(places[p]) for p in watched}
   return places, results, watched, after
 
