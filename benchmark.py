@@ -634,15 +634,15 @@ def measure_loop(
     with tempfile.TemporaryDirectory(prefix='bench_loop_') as tmp:
       workdir = os.path.join(tmp, 'run')
       train.train_and_evaluate(loop_config(config, num_steps), workdir)
-      done, rate = loop_rate(
-        read_rows(os.path.join(workdir, 'metrics.jsonl'))
-      )
+      done, rate = loop_rate(read_rows(os.path.join(workdir, 'metrics.jsonl')))
     bare = bare_row['steps_per_sec']
-    measured.append({
-      'bare_steps_per_sec': bare,
-      'loop_steps_per_sec': rate,
-      'loop_over_bare': rate / bare if rate and bare else None,
-    })
+    measured.append(
+      {
+        'bare_steps_per_sec': bare,
+        'loop_steps_per_sec': rate,
+        'loop_over_bare': rate / bare if rate and bare else None,
+      }
+    )
     gc.collect()
 
   def median(key):

@@ -239,8 +239,12 @@ def run_cases(cases, places, tmp):
   with open(jobs_path, 'w') as f:
     json.dump(jobs, f)
   subprocess.run(
-    [sys.executable, os.path.join(ROOT, 'tests', 'forkrun.py'), jobs_path,
-     results_path],
+    [
+      sys.executable,
+      os.path.join(ROOT, 'tests', 'forkrun.py'),
+      jobs_path,
+      results_path,
+    ],
     cwd=ROOT,
     check=True,
     timeout=600,

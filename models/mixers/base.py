@@ -102,6 +102,21 @@ def dropout(x, rate, key):
 # Option checks and parameter helpers the mixers share.
 
 
+def ssm_output(mixer, y_BxLxE, x_BxLxE, mask, rngs):
+  """The S4/S5 layer's head after its SSM (s4d, s5): GELU, dropout, then
+  mixer.out (a Linear, or None for none) and, with activation 'glu', the
+  GLU of its two halves; padded positions zeroed, in x's dtype."""
+  b, length, _ = x_BxLxE.shape
+  h = dropout(nnx.gelu(y_BxLxE, approximate=False), mixer.dropout_rate, rngs)
+  if mixer.out is not None:
+    h = mixer.out(h.astype(mixer.dtype))  # [B, L, E] or [B, L, 2E]
+  if mixer.activation == 'glu':
+    a_BxLxE, gate_BxLxE = jnp.split(h, 2, axis=-1)
+    h = a_BxLxE * jax.nn.sigmoid(gate_BxLxE)
+  out_BxLxE = jnp.where(real_BxL(mask, b, length)[:, :, None], h, 0)
+  return out_BxLxE.astype(x_BxLxE.dtype), {}
+
+
 def choice_option(core, name, value, choices):
   """value if it is one of `choices`, else one sentence naming them."""
   if isinstance(value, str) and value in choices:

@@ -78,11 +78,10 @@ from models.attention.base import int_option
 from models.attention.registry import register
 from models.mixers.base import (
   SequenceMixer,
-  dropout,
   f32_param,
   numpy_rng,
-  real_BxL,
   ssm_head_options,
+  ssm_output,
   zero_padded,
 )
 
@@ -252,15 +251,6 @@ class S5(SequenceMixer):
     return y_BxLxE
 
   def __call__(self, x_BxLxE, mask, *, rngs=None):
-    b, length, _ = x_BxLxE.shape
-    real_BxLx1 = real_BxL(mask, b, length)[:, :, None]
     u_BxLxE = zero_padded(x_BxLxE, mask).astype(_F32)
-    y_BxLxE = nnx.gelu(self.ssm(u_BxLxE, mask.causal), approximate=False)
-    h = dropout(y_BxLxE, self.dropout_rate, rngs)
-    if self.out is not None:
-      a_BxLxE, gate_BxLxE = jnp.split(
-        self.out(h.astype(self.dtype)), 2, axis=-1
-      )
-      h = a_BxLxE * jax.nn.sigmoid(gate_BxLxE)
-    out_BxLxE = jnp.where(real_BxLx1, h, 0)
-    return out_BxLxE.astype(x_BxLxE.dtype), {}
+    y_BxLxE = self.ssm(u_BxLxE, mask.causal)
+    return ssm_output(self, y_BxLxE, x_BxLxE, mask, rngs)
