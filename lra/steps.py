@@ -91,10 +91,11 @@ def make_train_step(graphdef, prepare=None, seed=None, shardings=None):
   prepare(batch, key), when given, makes the model's batch from the host's
   inside the step (lra.objectives.in_step: masked_lm's masks).
 
-  key None (train.py's loop): the step draws its own key,
+  key None with a seed (train.py's loop): the step draws its own key,
   step_key(seed, s) for its step s = the optimizer's update count + 1 (one
   update per call, grad accumulation included), so the host neither computes
   nor transfers a key per step and a resumed run meets the same keys.
+  Without a seed, key None is no key (no dropout).
 
   shardings = (state sharding, batch sharding): jit(state, batch) with
   these in_shardings, so the batch may be given as host (numpy) arrays: the
@@ -104,9 +105,7 @@ def make_train_step(graphdef, prepare=None, seed=None, shardings=None):
 
   def train_step(state, batch, key=None):
     model, optimizer = nnx.merge(graphdef, state)
-    if key is None:
-      if seed is None:
-        raise ValueError('make_train_step(seed=...) draws keys in the step')
+    if key is None and seed is not None:
       key = step_key(seed, optimizer.step[...] + 1)
     if prepare is not None:
       batch = prepare(batch, key)
