@@ -1,6 +1,7 @@
 """Test setup: CPU only, 4 fake devices so sharding is exercised everywhere."""
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -13,6 +14,26 @@ os.environ['XLA_FLAGS'] = (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Tests never read or write the user's data directory.
 os.environ['LRA_DATA_DIR'] = tempfile.mkdtemp(prefix='lra_test_data_')
+# One persistent XLA compilation cache for the session's processes (both
+# pytest workers and every train.py / benchmark.py subprocess they start):
+# the smoke configs' steps compile once, not once per process. Executables
+# are keyed by their program and options, so no number changes.
+# The process that loads this first (pytest itself, before it starts the
+# xdist workers, which inherit its environment) makes the folder and
+# removes it at the end (pytest_sessionfinish).
+_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
+if _OWN_CACHE:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+    prefix='lra_test_xla_cache_'
+  )
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del session, exitstatus
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
