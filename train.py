@@ -467,9 +467,9 @@ def train_and_evaluate(
         progress.step_done(step, metrics, compiles)
         last = step == config.num_train_steps
         if step % config.log_every_steps == 0:
-          progress.log_step(step)  # written after the next step's dispatch
+          progress.log_step()  # written after the next step's dispatch
         if step % config.eval_every_steps == 0 or last:
-          progress.flush(step)
+          progress.flush()
           val = evaluate(state, 'val')
           log.write(step, 'val', **val)
           progress.write(f'step {step}: val {objectives.describe(val, config)}')
@@ -484,7 +484,7 @@ def train_and_evaluate(
           or stopping
           or save_due(config, step, last_save_s)
         ):
-          progress.flush(step)
+          progress.flush()
           ckpt.save('latest', step, state, {'step': step, 'best': best})
           last_good, last_save_s = step, time.monotonic()
           progress.resume_timer(step)

@@ -1,11 +1,13 @@
 """The training loop's reporting: pending step metrics, the progress bar and
 the steps/s timer, in one object (train.py's loop calls it, nothing else).
 
-Step metrics stay on the device until a log step; `flush` brings them back
-in one transfer, stops the run on a non-finite loss or diverged parameters
-(NonFiniteLoss naming the step), writes the metrics.jsonl train row and
-updates the bar. steps/s counts training steps only: the timer is resumed
-after compilation, evaluation and saving.
+Step metrics stay on the device until a log step. `log_step` holds them;
+their row is read and written after the next step is dispatched, so the
+device is never drained for it; `flush` (before an evaluation or a save)
+reads everything pending at once. Reading stops the run on a non-finite
+loss or diverged parameters (NonFiniteLoss naming the step), writes the
+metrics.jsonl train row and updates the bar. steps/s counts training steps
+only: the timer is resumed after compilation, evaluation and saving.
 """
 
 import sys
@@ -70,40 +72,38 @@ class Progress:
       self.timer.resume(step)
     self.write_held()
 
-  def log_step(self, step):
-    """At a log step: holds the stretch's metrics. Their row is written
-    after the next step is dispatched (step_done), so the device computes
-    that step while the host reads and writes this one: no drain of the
-    device's queue per log step. Reading waits for this step only, so the
-    row's steps/s and the non-finite check are those of a synced flush,
-    one step later."""
-    del step  # the row is the held stretch's, at its last step
-    self.write_held()
+  def log_step(self):
+    """At a log step: holds the stretch's metrics (step_done has written
+    the previous held row). Their row is written after the next step is
+    dispatched (step_done), so the device computes that step while the host
+    reads and writes this one: no drain of the device's queue per log step.
+    Reading waits for this step only, so the row's steps/s and the
+    non-finite check are those of a synced flush, one step later."""
     self.held, self.pending = self.pending, []
 
   def write_held(self):
-    """Writes the held row now (before a step that compiles, and step_done);
-    raises NonFiniteLoss naming the step."""
-    held, self.held = self.held, []
-    return self._write(held)
+    """Writes the held row now, if any (before a step that compiles, and
+    in step_done); raises NonFiniteLoss naming the step."""
+    if self.held:
+      held, self.held = self.held, []
+      self._write(held)
 
   def resume_timer(self, step):
     """After work that is not training (evaluation, saving)."""
     self.timer.resume(step)
 
-  def flush(self, step):
-    """Syncs every pending metric (the held row's and those since); raises
-    NonFiniteLoss naming the step; writes the train rows and returns the
-    last, when there were any. Before an evaluation or a save, so no
-    checkpoint holds parameters that a non-finite step made."""
-    del step
-    held = self.write_held()
+  def flush(self):
+    """Syncs every pending metric (the held row's and those since) and
+    writes their train rows; raises NonFiniteLoss naming the step. Before
+    an evaluation or a save, so no checkpoint holds parameters that a
+    non-finite step made."""
+    self.write_held()
     pending, self.pending = self.pending, []
-    return self._write(pending) or held
+    self._write(pending)
 
   def _write(self, group):
-    """The train row of a stretch [(step, device metrics)] at its last
-    step (None for an empty stretch)."""
+    """Writes the train row of a stretch [(step, device metrics)] at its
+    last step (nothing for an empty stretch); returns the row."""
     rows = fetched(group)
     for s, m in rows:
       if not np.isfinite(m['loss']):
