@@ -271,33 +271,51 @@ def training_batch(
   (seed, step) (lra/batching.py), cropped by the length curriculum
   (Shortformer's: a crop of the same rows) and turned into an LM
   objective's batch (masked_lm: the documents, masked in the step)."""
-  rows = batching.host_slice(
-    config.batch_size, jax.process_index(), jax.process_count()
-  )
-  batch = batching.train_batch(
-    *data['train'],
-    seed=config.seed,
-    step=step,
-    global_batch=config.batch_size,
-    length=config.max_length,
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-  )
+  return training_batches(config, task, data, stages)(step)
+
+
+def training_batches(
+  config: ConfigDict, task: tasks.Task, data: dict, stages: list
+) -> Callable[[int], dict[str, np.ndarray]]:
+  """training_batch(config, task, data, stages, step) as a function of the
+  step alone, the config's values read once (the loop draws a batch a
+  step: a ConfigDict lookup costs about 0.6 us)."""
+  index, count = jax.process_index(), jax.process_count()
+  seed, batch_size = config.seed, config.batch_size
+  max_length = config.max_length
+  rows = batching.host_slice(batch_size, index, count)
   lm = objectives.is_lm(config)
   if stages:
-    batch['inputs'] = curriculum.crop(
-      batch['inputs'],
-      curriculum.length_at(stages, step + 1, config.max_length),
-      windows=lm,
-      seed=config.seed,
+    pad_id = 0 if config.data.get('black_is_padding') else task.pad_id
+  inputs, labels = data['train']
+
+  def make(step):
+    batch = batching.train_batch(
+      inputs,
+      labels,
+      seed=seed,
       step=step,
-      pad_id=0 if config.data.get('black_is_padding') else task.pad_id,
-      rows=rows,
-      global_rows=config.batch_size,
+      global_batch=batch_size,
+      length=max_length,
+      process_index=index,
+      process_count=count,
     )
-  if lm:  # masked_lm: plain tokens, masked in the step (objectives.in_step)
-    batch = objectives.lm_batch(batch, config, task)
-  return batch
+    if stages:
+      batch['inputs'] = curriculum.crop(
+        batch['inputs'],
+        curriculum.length_at(stages, step + 1, max_length),
+        windows=lm,
+        seed=seed,
+        step=step,
+        pad_id=pad_id,
+        rows=rows,
+        global_rows=batch_size,
+      )
+    if lm:  # masked_lm: plain tokens, masked in the step (objectives.in_step)
+      batch = objectives.lm_batch(batch, config, task)
+    return batch
+
+  return make
 
 
 # Signals that ask the loop to stop at the end of its step and save: Ctrl-C,
@@ -360,8 +378,10 @@ def prefetched(
   depth = prefetch_depth(config)
   on_host = depth == 0 and jax.process_count() == 1
 
+  make = training_batches(config, task, data, stages)
+
   def prepared(step):
-    batch = training_batch(config, task, data, stages, step - 1)
+    batch = make(step - 1)
     return batch if on_host else runtime.to_device(batch, batch_sharding)
 
   steps_left = range(start + 1, config.num_train_steps + 1)
@@ -419,6 +439,8 @@ def train_and_evaluate(
     # Host batches are placed by the step's dispatch (prefetched): one
     # process only, where the host's rows are the global batch.
     (replicated, batch_sharding) if jax.process_count() == 1 else None,
+    # One packed metrics row a step, with the learning rate applied.
+    packed_lr=(steps.learning_rate_schedule(config), config.grad_accum_steps),
   )
   eval_step = steps.make_eval_step(graphdef, prepare)
 
@@ -436,6 +458,7 @@ def train_and_evaluate(
   if start >= config.num_train_steps and os.path.exists(results_path):
     if processes.is_primary():
       print(f'{workdir} already finished {start} steps; see results.json.')
+    log.close()
     return json.load(open(results_path))
 
   # ------------------------------------------------------------------ loop
@@ -445,11 +468,14 @@ def train_and_evaluate(
     log,
     start=start,
     stages=stages,
-    schedule=steps.learning_rate_schedule(config),
     acc_key=acc_key,
     primary=processes.is_primary(),
   )
   last_good, last_save_s = start, time.monotonic()
+  # Read once: a ConfigDict lookup costs about 0.6 us, several a step.
+  log_every, eval_every = config.log_every_steps, config.eval_every_steps
+  save_every, num_steps = config.checkpoint_every_steps, config.num_train_steps
+  by_minutes = bool(config.get('checkpoint_every_minutes', 0))
   try:
     with (
       stop_requests() as stop_requested,
@@ -465,10 +491,10 @@ def train_and_evaluate(
           progress.write_held()
         state, metrics = train_step(state, batch)
         progress.step_done(step, metrics, compiles)
-        last = step == config.num_train_steps
-        if step % config.log_every_steps == 0:
+        last = step == num_steps
+        if step % log_every == 0:
           progress.log_step()  # written after the next step's dispatch
-        if step % config.eval_every_steps == 0 or last:
+        if step % eval_every == 0 or last:
           progress.flush()
           val = evaluate(state, 'val')
           log.write(step, 'val', **val)
@@ -479,10 +505,10 @@ def train_and_evaluate(
           progress.resume_timer(step)  # steps/s counts training steps only
         stopping = bool(stop_requested)  # read once: a signal may come now
         if (
-          step % config.checkpoint_every_steps == 0
+          step % save_every == 0
           or last
           or stopping
-          or save_due(config, step, last_save_s)
+          or (by_minutes and save_due(config, step, last_save_s))
         ):
           progress.flush()
           ckpt.save('latest', step, state, {'step': step, 'best': best})
@@ -495,14 +521,17 @@ def train_and_evaluate(
       ckpt.wait()  # the last saves written (a failed one: one sentence)
   except KeyboardInterrupt:
     progress.close()
+    log.close()
     ckpt.close()  # waits for the last save to be written
     exit_interrupted(last_good, signal.SIGTERM in stop_requested)
   except NonFiniteLoss as e:
     progress.close()
+    log.close()
     ckpt.close()  # the last good save written, the managers shut down
     raise non_finite_error(e, config, workdir, last_good) from None
   except UserError:  # a save that failed: its sentence, nothing after it
     progress.close()
+    log.close()
     ckpt.close(quiet=True)
     raise
   progress.close()

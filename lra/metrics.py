@@ -25,7 +25,7 @@ class MetricsLog:
   ):
     self.primary = primary
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self.tensorboard = self.wandb = None
+    self.tensorboard = self.wandb = self.file = None
     if not primary:
       return
     if tensorboard:
@@ -48,8 +48,12 @@ class MetricsLog:
     row = {'step': int(step), 'split': split, **values}
     if not self.primary:
       return row
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(row) + '\n')
+    # Kept open (opening it per row cost a tenth of a row's time) and
+    # flushed per row: a killed run's rows are in the file.
+    if self.file is None:
+      self.file = open(self.path, 'a')
+    self.file.write(json.dumps(row) + '\n')
+    self.file.flush()
     if self.tensorboard:
       self.tensorboard.write(row)
     if self.wandb:
@@ -57,6 +61,9 @@ class MetricsLog:
     return row
 
   def close(self):
+    if self.file is not None:
+      self.file.close()
+      self.file = None
     if self.tensorboard:
       self.tensorboard.close()
     if self.wandb:
@@ -112,8 +119,20 @@ class TensorBoard:
     return cls(SummaryWriter(os.path.join(workdir, cls.DIR), purge_step=purge))
 
   def write(self, row):
-    for name, value in scalars(row).items():
-      self.writer.add_scalar(name, value, row['step'])
+    # One event holding the row's scalars (the summary add_scalar would
+    # write for each, together): one pass through the writer's queue per
+    # row, not one per number (each costs about 50 us of the loop's time).
+    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
+
+    values = [
+      Summary.Value(tag=name, simple_value=float(value))
+      for name, value in scalars(row).items()
+    ]
+    if values:
+      # pylint: disable-next=protected-access
+      self.writer._get_file_writer().add_summary(
+        Summary(value=values), row['step']
+      )
     if row['split'] != 'train':
       # Evaluation rows are flushed at once (fsync); train rows ride with
       # the next flush (or the writer's own, every 2 minutes, or close), off

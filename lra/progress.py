@@ -18,17 +18,18 @@ from tqdm import tqdm
 
 from lra import curriculum
 from lra.metrics import StepTimer
+from lra.steps import unpack_row
 
 
-def fetched(pending):
-  """[(step, device metrics)] -> [(step, numpy metrics)]. jax.device_get
-  starts every leaf's transfer first, which pays on an accelerator; on a
-  CPU, where the arrays already are in host memory, it cost 5 ms for 50
-  steps' metrics (a tenth of the smoke config's 50 steps) against 0.6 ms
-  for reading each leaf (measured on this project's 2-core CPU)."""
+def fetched(rows):
+  """The device's packed metrics rows (lra.steps.ROW) -> one numpy array
+  [n, len(ROW)]. jax.device_get starts every transfer first, which pays on
+  an accelerator; on a CPU, where the arrays already are in host memory,
+  reading each is cheaper (device_get of 50 steps' metrics cost 5 ms,
+  reading them 0.6 ms, on this project's 2-core CPU)."""
   if jax.default_backend() != 'cpu':
-    return jax.device_get(pending)
-  return [(step, jax.tree.map(np.asarray, m)) for step, m in pending]
+    rows = jax.device_get(rows)
+  return np.stack([np.asarray(r) for r in rows])
 
 
 class NonFiniteLoss(Exception):
@@ -38,14 +39,10 @@ class NonFiniteLoss(Exception):
 class Progress:
   """Pending rows, the flush, the bar and the timer of one training run."""
 
-  def __init__(self, config, log, *, start, stages, schedule, acc_key, primary):
+  def __init__(self, config, log, *, start, stages, acc_key, primary):
     self.config, self.log, self.stages = config, log, stages
-    self.schedule, self.acc_key = schedule, acc_key
-    self.accum = max(config.grad_accum_steps, 1)
+    self.acc_key = acc_key
     self.pending, self.held = [], []
-    # The schedule's first evaluation compiles its ops (about 1 s on a CPU):
-    # done now, not inside the first timed stretch of steps.
-    float(schedule(0))
     self.timer = StepTimer()
     self.bar = tqdm(
       total=config.num_train_steps,
@@ -61,7 +58,8 @@ class Progress:
     )
 
   def step_done(self, step, metrics, compiled=False):
-    """Records a step's (device) metrics, just after its dispatch;
+    """Records a step's (device) metrics, a packed row (lra.steps.ROW, the
+    step's packed_lr), just after its dispatch;
     `compiled`: this step compiled (the first, or a new curriculum length),
     so the timer starts at its end. Then writes the row held at the last
     log step (log_step), while this step computes."""
@@ -104,25 +102,29 @@ class Progress:
   def _write(self, group):
     """Writes the train row of a stretch [(step, device metrics)] at its
     last step (nothing for an empty stretch); returns the row."""
-    rows = fetched(group)
-    for s, m in rows:
-      if not np.isfinite(m['loss']):
-        raise NonFiniteLoss(s, 'the loss is not finite')
-      if not m['params_finite']:
-        raise NonFiniteLoss(s, 'the parameters diverged (their norm overflows)')
-    if not rows:
+    if not group:
       return None
-    step = rows[-1][0]
+    steps = [s for s, _ in group]
+    values = fetched([m for _, m in group])
+    m = {k: np.ascontiguousarray(v) for k, v in unpack_row(values).items()}
+    bad = ~np.isfinite(m['loss']) | (m['params_finite'] == 0)
+    if bad.any():
+      i = int(np.argmax(bad))
+      raise NonFiniteLoss(
+        steps[i],
+        'the loss is not finite'
+        if not np.isfinite(m['loss'][i])
+        else 'the parameters diverged (their norm overflows)',
+      )
+    step = steps[-1]
     config = self.config
     rate = self.timer.rate(step)  # the steps' results are back: they are done
-    loss = float(np.mean([m['loss'] for _, m in rows]))
-    grad_norm = float(np.mean([m['grad_norm'] for _, m in rows]))
-    acc = sum(float(m['correct_sum']) for _, m in rows) / sum(
-      float(m['count']) for _, m in rows
-    )
-    # The rate the optimiser applied at this step (its count: the updates
-    # before it; one update per grad_accum_steps steps).
-    lr = float(self.schedule((step - 1) // self.accum))
+    loss = float(np.mean(m['loss']))
+    grad_norm = float(np.mean(m['grad_norm']))
+    acc = sum(m['correct_sum'].tolist()) / sum(m['count'].tolist())
+    # The rate the optimiser applied at this step (computed in the step:
+    # schedule(its update count // grad_accum_steps)).
+    lr = float(m['learning_rate'][-1])
     shown = {'loss': f'{loss:.4f}', 'acc': f'{acc:.3f}', 'lr': f'{lr:.3g}'}
     if rate is not None:
       left = (config.num_train_steps - step) / rate

@@ -245,8 +245,10 @@ def test_staged_fine_tune_compiles_once_per_stage_and_records_init_from(
   """One in-process run with both: a curriculum and a pretrained encoder."""
   made = []
 
-  def recording(graphdef, prepare=None, *args):
-    made.append(steps.make_train_step.__wrapped__(graphdef, prepare, *args))
+  def recording(graphdef, prepare=None, *args, **kwargs):
+    made.append(
+      steps.make_train_step.__wrapped__(graphdef, prepare, *args, **kwargs)
+    )
     return made[-1]
 
   recording.__wrapped__ = steps.make_train_step

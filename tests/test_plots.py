@@ -108,7 +108,10 @@ def test_train_rows_carry_the_learning_rate(smoke_run):
     config = ml_collections.ConfigDict(json.load(f))
   schedule = steps.learning_rate_schedule(config)
   rates = [r['learning_rate'] for r in rows]
-  assert rates == [float(schedule(r['step'] - 1)) for r in rows]
+  # Computed in the step (lra.steps.ROW), where XLA may rewrite the
+  # schedule's arithmetic (a / sqrt(b) as a * rsqrt(b)): float32's last bit.
+  expected = [float(schedule(r['step'] - 1)) for r in rows]
+  assert rates == pytest.approx(expected, rel=3e-7)
   assert len(set(rates)) > 1
 
 

@@ -35,9 +35,9 @@ def shared_steps(monkeypatch):
   for name in ('make_train_step', 'make_eval_step'):
     made, make = [], getattr(steps, name)
 
-    def first(*args, made=made, make=make):
+    def first(*args, made=made, make=make, **kwargs):
       if not made:
-        made.append(make(*args))
+        made.append(make(*args, **kwargs))
       return made[0]
 
     monkeypatch.setattr(steps, name, first)
