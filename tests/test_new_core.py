@@ -1,17 +1,18 @@
 """A new attention core is one file: the proof.
 
-The test writes a throwaway core into models/attention/ (deleted afterwards,
-whatever happens), then, in fresh processes as a user would: the shared
+The test writes a throwaway core into models/attention/ of a copy of the
+repository (so the suite's other processes, which discover the cores of
+this one, never see it), then, in fresh processes as a user would: the shared
 suites pick it up by themselves (tests/test_attention_suite.py and
 tests/test_positions.py, nothing edited), and train.py trains a model named
 after it, with its option set from the command line and recorded in
 config.json. No list, config or test table is touched.
 """
 
-import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -70,10 +71,10 @@ class ThrowawayAttention(AttentionCore):
 '''
 
 
-def run(args, **kw):
+def run(args, cwd, **kw):
   return subprocess.run(
     [sys.executable, *args],
-    cwd=ROOT,
+    cwd=cwd,
     capture_output=True,
     text=True,
     timeout=600,
@@ -82,47 +83,53 @@ def run(args, **kw):
 
 
 def test_a_new_core_is_one_file(tmp_path, smoke_data_dir):
-  path = os.path.join(ROOT, 'models', 'attention', f'{NAME}.py')
+  repo = str(tmp_path / 'repo')
+  shutil.copytree(
+    ROOT,
+    repo,
+    ignore=shutil.ignore_patterns(
+      '.git', 'runs', 'docs', '__pycache__', '.pytest_cache'
+    ),
+  )
+  path = os.path.join(repo, 'models', 'attention', f'{NAME}.py')
   assert not os.path.exists(path)
-  try:
-    with open(path, 'w') as f:
-      f.write(SOURCE)
-    suites = run(
-      [
-        '-m',
-        'pytest',
-        '-q',
-        'tests/test_attention_suite.py',
-        'tests/test_positions.py',
-        '-k',
-        NAME,
-      ]
-    )
-    assert suites.returncode == 0, suites.stdout[-3000:]
-    passed = re.search(r'(\d+) passed', suites.stdout)
-    # exact limit, padding, padded rows, causality, bf16, rotary
-    assert passed and int(passed.group(1)) >= 6, suites.stdout[-2000:]
-    workdir = str(tmp_path / 'run')
-    trained = run(
-      [
-        'train.py',
-        f'--config=configs/listops.py:{NAME},smoke',
-        f'--workdir={workdir}',
-        f'--config.data_dir={smoke_data_dir}',
-        '--config.num_train_steps=2',
-        '--config.eval_every_steps=2',
-        '--config.model.attention.temperature=0.5',
-      ]
-    )
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    with open(os.path.join(workdir, 'results.json')) as f:
-      assert json.load(f)['model'] == NAME
-    with open(os.path.join(workdir, 'config.json')) as f:
-      attention = json.load(f)['model']['attention']
-    assert attention == {'name': NAME, 'temperature': 0.5}
-  finally:
-    if os.path.exists(path):
-      os.remove(path)
-    cache = os.path.join(os.path.dirname(path), '__pycache__')
-    for pyc in glob.glob(os.path.join(cache, f'{NAME}.*.pyc')):
-      os.remove(pyc)
+  with open(path, 'w') as f:
+    f.write(SOURCE)
+  suites = run(
+    [
+      '-m',
+      'pytest',
+      '-q',
+      'tests/test_attention_suite.py',
+      'tests/test_positions.py',
+      '-k',
+      NAME,
+    ],
+    repo,
+  )
+  assert suites.returncode == 0, suites.stdout[-3000:]
+  passed = re.search(r'(\d+) passed', suites.stdout)
+  # exact limit, padding, padded rows, causality, bf16, rotary
+  assert passed and int(passed.group(1)) >= 6, suites.stdout[-2000:]
+  workdir = str(tmp_path / 'run')
+  trained = run(
+    [
+      'train.py',
+      f'--config=configs/listops.py:{NAME},smoke',
+      f'--workdir={workdir}',
+      f'--config.data_dir={smoke_data_dir}',
+      '--config.num_train_steps=2',
+      '--config.eval_every_steps=2',
+      '--config.model.attention.temperature=0.5',
+    ],
+    repo,
+  )
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  with open(os.path.join(workdir, 'results.json')) as f:
+    assert json.load(f)['model'] == NAME
+  with open(os.path.join(workdir, 'config.json')) as f:
+    attention = json.load(f)['model']['attention']
+  assert attention == {'name': NAME, 'temperature': 0.5}
+  assert not os.path.exists(
+    os.path.join(ROOT, 'models', 'attention', f'{NAME}.py')
+  )
