@@ -349,13 +349,13 @@ def stop_requests():
       signal.signal(s, handler)
 
 
-def save_due(config: ConfigDict, step: int, last_save_s: float) -> bool:
-  """Whether wall time asks for a checkpoint at `step`
-  (config.checkpoint_every_minutes; 0: steps only). Decided at log steps
-  only, by process 0 for all of them in a multi-process run (a save is
-  collective: every process must save the same step)."""
+def save_due(config: ConfigDict, last_save_s: float) -> bool:
+  """Whether wall time asks for a checkpoint now
+  (config.checkpoint_every_minutes; 0: steps only). The loop asks at log
+  steps only; process 0 decides for all of them in a multi-process run (a
+  save is collective: every process must save the same step)."""
   minutes = config.get('checkpoint_every_minutes', 0)
-  if not minutes or step % config.log_every_steps:
+  if not minutes:
     return False
   due = time.monotonic() - last_save_s >= 60 * minutes
   return processes.agree(due)
@@ -475,7 +475,6 @@ def train_and_evaluate(
   # Read once: a ConfigDict lookup costs about 0.6 us, several a step.
   log_every, eval_every = config.log_every_steps, config.eval_every_steps
   save_every, num_steps = config.checkpoint_every_steps, config.num_train_steps
-  by_minutes = bool(config.get('checkpoint_every_minutes', 0))
   try:
     with (
       stop_requests() as stop_requested,
@@ -508,7 +507,7 @@ def train_and_evaluate(
           step % save_every == 0
           or last
           or stopping
-          or (by_minutes and save_due(config, step, last_save_s))
+          or (step % log_every == 0 and save_due(config, last_save_s))
         ):
           progress.flush()
           ckpt.save('latest', step, state, {'step': step, 'best': best})

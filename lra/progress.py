@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from lra import curriculum
 from lra.metrics import StepTimer
-from lra.steps import unpack_row
+from lra.steps import ROW
 
 
 def fetched(rows):
@@ -106,7 +106,7 @@ class Progress:
       return None
     steps = [s for s, _ in group]
     values = fetched([m for _, m in group])
-    m = {k: np.ascontiguousarray(v) for k, v in unpack_row(values).items()}
+    m = dict(zip(ROW, values.T.copy()))  # a contiguous column per field
     bad = ~np.isfinite(m['loss']) | (m['params_finite'] == 0)
     if bad.any():
       i = int(np.argmax(bad))

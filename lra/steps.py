@@ -97,12 +97,6 @@ ROW = (
 )
 
 
-def unpack_row(row):
-  """{field: value} of a packed metrics row (ROW order; any array whose last
-  axis is ROW: one step's [6] or a stretch's [n, 6])."""
-  return {name: row[..., i] for i, name in enumerate(ROW)}
-
-
 def make_train_step(
   graphdef, prepare=None, seed=None, shardings=None, packed_lr=None
 ):
@@ -123,7 +117,7 @@ def make_train_step(
   device_put costs about a tenth of a small model's step.
 
   packed_lr = (schedule, grad_accum_steps) (train.py's loop): the metrics
-  come back as one float32 vector in ROW order (unpack_row), a single
+  come back as one float32 vector in ROW order, a single
   output to read instead of six, with the learning rate the optimiser
   applies at this step, schedule(update count // grad_accum_steps), so the
   host evaluates no schedule either (an eager evaluation is 0.4 ms on a
