@@ -29,7 +29,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from configs.s5_reference import S5_REFERENCE
-from errors import UserError
+from models.errors import UserError
 from models.attention import registry
 
 # The exceptions: model name -> `model.attention` entries over its core's

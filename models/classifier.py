@@ -13,7 +13,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.attention.softmax import fused_kernel_for
 from models.encoder import Encoder

@@ -31,7 +31,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 
 ABSOLUTE = ('sinusoidal', 'learned', 'sinusoidal2d', 'learned2d', 'none')
 GRID = ('sinusoidal2d', 'learned2d')

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from errors import UserError
+from models.errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout
 from models.attention.registry import get_core_class

@@ -10,7 +10,7 @@ Retrieval model).
 from flax import nnx
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 
 # 'cls' pools the CLS token the encoder prepends; 'first' pools the first
 # input token with no CLS prepended (the reference's dual encoder, which

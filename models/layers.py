@@ -5,7 +5,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention import Mask, build
 from models.attention.base import dropout, pad_to_multiple
 from models.attention.registry import build_mixer, get_core_class, is_mixer

@@ -37,7 +37,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.encoder import Encoder
 from models.recurrent import SegmentRecurrentEncoder

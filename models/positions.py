@@ -65,7 +65,7 @@ Which cores accept rotary is the core's `rotary` flag
 
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.embeddings import sinusoidal_LxE
 
 # theta_i = BASE^(-2i / D): the paper's (and Vaswani et al.'s) base.

@@ -56,7 +56,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout, pad_to_multiple
 from models.embeddings import Embedder

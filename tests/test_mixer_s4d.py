@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.registry import get_core_class
 import models.mixers.s4d  # noqa: F401 (registers s4d)
 from models.mixers.s4d import S4D, fft_conv

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.registry import get_core_class
 import models.mixers.s5  # noqa: F401 (registers s5)
 from models.mixers.s5 import S5, block_hippo_n, hippo_n, linear_scan

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 
 
 class Mask(NamedTuple):

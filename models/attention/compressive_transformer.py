@@ -64,7 +64,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import int_option, pad_to_multiple
 from models.attention.registry import register
 from models.attention.transformer_xl import (

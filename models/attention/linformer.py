@@ -41,7 +41,7 @@ Attention dropout acts on the weights over the k slots.
 from flax import nnx
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,

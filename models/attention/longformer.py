@@ -95,7 +95,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,

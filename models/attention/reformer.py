@@ -94,7 +94,7 @@ google-research/long-range-arena, lra_benchmarks/models/reformer):
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   bool_option,

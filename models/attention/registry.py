@@ -24,7 +24,7 @@ import importlib
 import inspect
 import pkgutil
 
-from errors import UserError
+from models.errors import UserError
 
 PACKAGES = ('models.attention', 'models.mixers')
 ATTENTION_ARGS = (

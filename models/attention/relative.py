@@ -38,7 +38,7 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.embeddings import sinusoidal_LxE
 

@@ -71,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   bool_option,

@@ -38,7 +38,7 @@ are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import AttentionCore, dropout, visible_any_BxL
 from models.attention.registry import register
 from models.attention.relative import RelativePositions

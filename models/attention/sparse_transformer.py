@@ -75,7 +75,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   int_option,

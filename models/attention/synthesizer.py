@@ -61,7 +61,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   dropout,

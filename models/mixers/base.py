@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 from models.attention import base as attention_base
 from models.attention.base import bool_option
 

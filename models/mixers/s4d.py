@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from errors import UserError
+from models.errors import UserError
 from models.attention.base import int_option
 from models.attention.registry import register
 from models.mixers.base import (

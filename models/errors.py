@@ -1,7 +1,7 @@
 """User-facing errors: one sentence, no stack trace.
 
-A top-level module so that models/ and lra/ can both raise UserError without
-models/ depending on the harness (lra.errors re-exports it).
+In models/ so that models/ and lra/ can both raise UserError without models/
+depending on the harness (lra.errors re-exports it).
 """
 
 
