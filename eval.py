@@ -21,7 +21,7 @@ python eval.py --table RUNS_DIR
     differ only in seed averaged, with n and spread; a config that differs
     from its task file's is labelled with the differences), each run's
     selected test accuracy (config.select: best validation or, marked, the
-    final step), generated-data cells marked (lra/report.py); then the
+    final step), generated-data cells marked (lra/lab/report.py); then the
     pretraining runs (an LM objective) with their losses, token accuracy
     and perplexity.
 python eval.py --table RUNS_DIR --bench BENCH_DIR
@@ -32,7 +32,7 @@ python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
     from each run's metrics.jsonl: curves_loss.png and curves_accuracy.png in
     DIR (default: the first path given); for runs of an LM objective also
     curves_token_accuracy.png and (causal_lm) curves_perplexity.png;
-    lra/curves.py.
+    lra/lab/curves.py.
 """
 
 import json
@@ -43,23 +43,23 @@ from absl import app, flags
 import ml_collections
 
 from configs import models as model_configs
-from lra import (
+from lra import data as tasks
+from lra.errors import UserError
+from lra.lab import curves
+from lra.lab.bench_report import bubble_chart
+from lra.lab.report import tables
+from lra.train import (
+  build,
   cli,
-  curves,
   objectives,
   processes,
   rundir,
   runtime,
   steps,
-  tasks,
   validate,
 )
-from lra.bench_report import bubble_chart
-from lra.checkpoints import CheckpointError, Checkpoints
-from lra.errors import UserError
-from lra.metrics import write_json
-from lra.report import tables
-import train
+from lra.train.checkpoints import CheckpointError, Checkpoints
+from lra.train.metrics import write_json
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory to evaluate.')
 _SPLIT = flags.DEFINE_enum(
@@ -241,7 +241,7 @@ def evaluate_checkpoint(
   if options:
     config, changed = with_eval_options(config, task, options)
   replicated, batch_sharding = runtime.make_mesh()
-  graphdef, state = train.create_state(config, task, replicated)
+  graphdef, state = build.create_state(config, task, replicated)
   step_given = step is not None
   ckpt = Checkpoints(workdir)
   # A step is looked up in both sets (the best step may be gone from latest).
@@ -266,7 +266,7 @@ def evaluate_checkpoint(
       f'{ckpt.all_steps("latest")}, best {ckpt.all_steps("best")}).'
     ) from None
   if max_length and max_length != config.max_length:
-    graphdef, state = train.at_length(
+    graphdef, state = build.at_length(
       config, task, replicated, state, max_length
     )
     config.max_length = max_length
@@ -298,7 +298,7 @@ def evaluate_checkpoint(
 
 def main(argv):
   del argv
-  train.quiet_logs()
+  cli.quiet_logs()
   try:
     if _OVERRIDES and not _WORKDIR.value:
       raise UserError(
@@ -328,7 +328,7 @@ def main(argv):
         _OVERRIDES,
       )
       if processes.is_primary():
-        lm = 'token_accuracy' in r  # an LM objective (lra/objectives.py)
+        lm = 'token_accuracy' in r  # an LM objective (lra/train/objectives.py)
         score = (
           f'token accuracy {r["token_accuracy"]:.4f}'
           if lm
@@ -364,5 +364,11 @@ def parse_flags(argv):
 # Unknown attention options are explained with the core's options.
 cli.set_option_sentence(model_configs.option_sentence)
 
-if __name__ == '__main__':
+
+def run():
+  """The command line (console script lra-eval)."""
   app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == '__main__':
+  run()

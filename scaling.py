@@ -6,7 +6,7 @@ tools: the README's scaling table.
 
 For each variant (plain; model.remat; model.scan_layers; both; bfloat16;
 gradient accumulation: --accum micro-batches of batch/accum at the same
-effective batch) it compiles the train step of lra/steps.py (AdamW update
+effective batch) it compiles the train step of lra/train/steps.py (AdamW update
 included) for one device, without running it, and prints a Markdown table:
 XLA's compiled temporary memory (exact: its buffer assignment), arguments
 (parameters + optimizer state + batch) and the seconds `lower` + `compile`
@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
-from lra import steps, tasks
+from lra import data as tasks
+from lra.train import steps
 from models.classifier import build_model
 
 _CONFIG = config_flags.DEFINE_config_file(

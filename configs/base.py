@@ -4,15 +4,15 @@ Values are the reference harness's (google-research/long-range-arena) where it
 had one; lra/reference/lra_configs.md lists them per task, with the
 reference's known defects.
 
-train.py checks every field before it creates anything (lra/validate.py):
+train.py checks every field before it creates anything (lra/train/validate.py):
 counts and intervals >= 1, rates in range, model.num_heads dividing
 model.qkv_dim, max_length >= 1 (at most the pixels of an image for the
 pixel tasks); a bad value stops with one sentence naming the flag and a
 valid value.
 Resuming a workdir keeps its config, except the run-length and bookkeeping
-fields (lra.rundir.RESUMABLE_CHANGES) and the optimiser settings
+fields (lra.train.rundir.RESUMABLE_CHANGES) and the optimiser settings
 (learning_rate, schedule, warmup_steps, weight_decay, adam_*,
-grad_clip_norm; lra.rundir.OPTIMISER_CHANGES), which may change from the
+grad_clip_norm; lra.train.rundir.OPTIMISER_CHANGES), which may change from the
 resumed step on: the change is recorded in config.json ('resume_changes')
 and metrics.jsonl (a row of split 'config'). This is how the advice after a
 non-finite loss is followed: the same command with a lower learning rate or
@@ -24,7 +24,7 @@ import ml_collections
 
 def get_base_config():
   c = ml_collections.ConfigDict()
-  # Task registry key (lra/tasks/__init__.py); set by the task file.
+  # Task registry key (lra/data/__init__.py); set by the task file.
   c.task = ''
   # Presets applied, e.g. 'small' or 'small,spt' (the alias small_spt; ''
   # = the LRA reference configuration).
@@ -55,7 +55,7 @@ def get_base_config():
   # saves at the end of the current step whatever this says.
   c.checkpoint_every_minutes = 0.0
   # Training batches prepared and transferred this many steps ahead, on a
-  # worker thread (lra/prefetch.py; the same numbers whatever the depth);
+  # worker thread (lra/train/prefetch.py; the same numbers whatever the depth);
   # 0: in the loop's thread; -1: 0 on a CPU (faster there: the worker
   # contends with the step's dispatch for Python's lock), 2 on a GPU/TPU.
   c.prefetch = -1
@@ -67,9 +67,9 @@ def get_base_config():
   # in results.json): 'best_val' (the best-validation checkpoint's, `test`),
   # 'last' (the final step's, `test_last`, as the LRA reference) or '' =
   # 'last' when the validation split is the test set (Text with
-  # data.val='test'), else 'best_val' (lra/metrics.py).
+  # data.val='test'), else 'best_val' (lra/train/metrics.py).
   c.select = ''
-  # Fine-tune from another run (lra/pretrained.py): the --workdir of a
+  # Fine-tune from another run (lra/train/pretrained.py): the --workdir of a
   # (pre)training run whose encoder (embeddings, CLS, blocks, final
   # LayerNorm) this run starts from, heads and optimizer fresh; '' = none.
   # A learned position table is extended to a longer max_length by copying
@@ -77,13 +77,13 @@ def get_base_config():
   c.init_from = ''
   # Which of its checkpoints: 'best' (on validation) or 'latest'.
   c.init_from_checkpoint = 'best'
-  # Length curriculum (lra/curriculum.py, Shortformer): comma-separated
+  # Length curriculum (lra/train/curriculum.py, Shortformer): comma-separated
   # steps:max_length stages run in order, e.g. '1000:256,2000:1024', then
   # config.max_length to the end; shorter stages train on crops of the same
   # examples (classification: the prefix; LM objectives: random windows).
   # '' = every step at max_length.
   c.length_schedule = ''
-  # Weights & Biases (lra/wandb_log.py; needs `pip install wandb`): the
+  # Weights & Biases (lra/train/wandb_log.py; needs `pip install wandb`): the
   # project the run logs to, the same scalars as TensorBoard at the same
   # steps, plus this config; files in <workdir>/wandb/. '' = off.
   c.wandb_project = ''
@@ -109,7 +109,7 @@ def get_base_config():
   c.grad_accum_steps = 1
   # Compute dtype of activations: 'float32' or 'bfloat16'. Params stay f32.
   c.dtype = 'float32'
-  # Training objective (lra/objectives.py): 'classify' (the task's labels),
+  # Training objective (lra/train/objectives.py): 'classify' (the task's labels),
   # or self-pretraining on the task's own inputs, labels unused:
   # 'causal_lm' (next-token prediction under a causal mask) or 'masked_lm'
   # (BERT's denoising: mask_rate of the real tokens chosen, 80% replaced by
@@ -255,8 +255,8 @@ def apply_spt(c):
   """The `spt` preset (self-pretraining, Amos, Berant and Gupta, "Never
   Train from Scratch", arXiv 2310.02980): the same model and schedule
   trained with the masked_lm objective on the task's own training inputs,
-  labels unused (lra/objectives.py). The fine-tune is the run without
-  `spt`, started from its encoder with --config.init_from (lra.sweep does
+  labels unused (lra/train/objectives.py). The fine-tune is the run without
+  `spt`, started from its encoder with --config.init_from (lra.lab.sweep does
   both with --preset small_spt). --config.objective=causal_lm pretrains
   left to right instead (not every core can be causal)."""
   c.objective = 'masked_lm'
@@ -281,7 +281,7 @@ def finalize(c, presets):
 PRESETS = ('small', 'smoke', 'spt')
 # Shorthands: `small_spt` is `small,spt` (the config records 'small,spt').
 ALIASES = {'small_spt': ('small', 'spt'), 'smoke_spt': ('smoke', 'spt')}
-# Pretraining presets and the preset of their fine-tune (lra.sweep).
+# Pretraining presets and the preset of their fine-tune (lra.lab.sweep).
 FINE_TUNE_PRESET = {'spt': '', 'small_spt': 'small', 'smoke_spt': 'smoke'}
 
 

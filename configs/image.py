@@ -1,7 +1,7 @@
 r"""Image (LRA): CIFAR-10 as a sequence of 1,024 gray pixels, 10 classes.
 
 Run:
-  python -m lra.prepare image   # once; needs cifar-10-python.tar.gz
+  python -m lra.data.prepare image   # once; needs cifar-10-python.tar.gz
   python train.py --config configs/image.py:transformer --workdir runs/image
   python train.py --config configs/image.py:transformer,small --workdir runs/s
 
@@ -12,7 +12,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/image.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.sweep --tasks image --models transformer \
+or both: python -m lra.lab.sweep --tasks image --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final
@@ -23,7 +23,7 @@ lra_benchmarks/image/configs/cifar10/base_cifar10_config.py (batch 256, Adam
 positions, evaluation every epoch), then each model's tuned architecture
 from its <model>_base.py (MODEL_OVERRIDES below). Splits as the reference's
 TFDS `train[:90%]` / `train[90%:]` / `test`; gray levels as its
-tf.image.rgb_to_grayscale (lra/tasks/image.py). Fixed here: black pixels (0) are
+tf.image.rgb_to_grayscale (lra/data/image.py). Fixed here: black pixels (0) are
 pixels, not padding (the reference masked them out of attention;
 --config.data.black_is_padding=true restores that).
 

@@ -19,6 +19,7 @@ where None is allowed); a plain default's type is kept (booleans `=True`,
 `=False`).
 """
 
+import importlib
 import inspect
 import re
 import types
@@ -29,8 +30,8 @@ import ml_collections
 from ml_collections import config_flags
 
 from configs.s5_reference import S5_REFERENCE
-from models.errors import UserError
 from models.attention import registry
+from models.errors import UserError
 
 # The exceptions: model name -> `model.attention` entries over its core's
 # defaults. Every other registered core is a model of the same name.
@@ -137,10 +138,22 @@ def changed_options(config, reference=None):
   return out
 
 
+def changed_from_command(config) -> dict:
+  """{option: value} of model.attention that differ from the task config's
+  own for this model and preset (the --config.model.attention flags)."""
+  module = importlib.import_module(f'configs.{config.task}')
+  spec = ','.join([config.model_name, *filter(None, [config.preset])])
+  try:
+    reference = module.get_config(spec)
+  except (ValueError, UserError):
+    return {}
+  return changed_options(config, reference)
+
+
 def predated_defaults(config):
   """configs/base.py's defaults with model.attention = every option of the
   config's core at its default: the values of the fields (and core
-  options) that a saved run may predate (the `defaults` of lra/rundir.py
+  options) that a saved run may predate (the `defaults` of lra/train/rundir.py
   check_resume), so a run saved before an option existed resumes while it
   keeps that option's default."""
   from configs import base  # pylint: disable=g-import-not-at-top
@@ -325,7 +338,7 @@ def check_attention(config):
   """The `model.attention` block names a registered core and only options
   it takes (a --config.model.attention.name flag keeps the options of the
   model's own core: the model name is how to choose another one). Called
-  by train.py and eval.py beside lra.validate.check_config."""
+  by train.py and eval.py beside lra.train.validate.check_config."""
   block = config.model.attention.to_dict()
   name = block.get('name')
   registry.get_core_class(name)  # an unknown core: its own sentence
@@ -353,7 +366,7 @@ def option_sentence(model, key, suggestion=None, name=None, core=None):
   --config.model.attention.name=<name> flag keeps the options of the
   model's own core, so that case says to choose the model instead. None
   when the model is unknown (its own sentence comes elsewhere). Handed to
-  lra/cli.py by the scripts (cli.set_option_sentence)."""
+  lra/train/cli.py by the scripts (cli.set_option_sentence)."""
   if core is None:
     try:
       core = core_of(model)

@@ -6,11 +6,11 @@ Run:
   python train.py --config configs/mqar.py:linformer,small \
     --workdir runs/mq_lin --config.data.form=bidirectional
 
-The task (lra/tasks/mqar.py; Arora, Eyuboglu et al. 2023, "Zoology:
+The task (lra/data/mqar.py; Arora, Eyuboglu et al. 2023, "Zoology:
 Measuring and Improving Recall in Efficient Language Models", arXiv
 2312.04927): num_kv_pairs key-value pairs, then the keys asked again at
 power-law gaps; the accuracy is over the queries only (objective
-per_position, lra/objectives.py). data.form=causal is Zoology's
+per_position, lra/train/objectives.py). data.form=causal is Zoology's
 next-token form (a causal model; cores that cannot be causal stop with
 their sentence), data.form=bidirectional puts a mask id in each answer slot
 for encoders without a causal mask (Linformer, Sinkhorn). max_length is
@@ -49,7 +49,7 @@ Presets:
     embeddings (the causal mask and the convolution order the tokens;
     Zoology's original MQAR attention models have none either); extra test
     splits 64:4, 64:12 and 64:16 (more pairs at the training length: the x
-    axis of python -m lra.mqar_report's plot) and 128:16 (the model run at
+    axis of python -m lra.lab.mqar_report's plot) and 128:16 (the model run at
     length 128). Sized for a sweep of every model on 2 CPU cores: measured
     here (seed 0, 2 cores shared with other jobs), the transformer's
     validation accuracy was 4.6%, 30.8%, 98.6%, 99.5% at steps 100-400 at

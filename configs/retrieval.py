@@ -1,7 +1,7 @@
 r"""Retrieval (LRA): do two AAN papers cite each other? Byte level.
 
 Run:
-  python -m lra.prepare retrieval   # once; needs the LRA release's tsv_data
+  python -m lra.data.prepare retrieval   # once; needs the LRA release's tsv_data
   python train.py --config configs/retrieval.py:transformer --workdir runs/r
   python train.py --config configs/retrieval.py:transformer,small \
     --workdir runs/s
@@ -13,7 +13,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/retrieval.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.sweep --tasks retrieval --models transformer \
+or both: python -m lra.lab.sweep --tasks retrieval --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final

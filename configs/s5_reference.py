@@ -36,7 +36,7 @@ the test set validates); AAN 147,086 pairs (new_aan_pairs.train.tsv);
 CIFAR-10 45,000 (val_split 0.1); Pathfinder-32 and Path-X 160,000 (200,000
 curv_contour_length_14 images, val_split = test_split = 0.1).
 
-One learning rate: the harness's optimiser (lra/steps.py, optax.adamw)
+One learning rate: the harness's optimiser (lra/train/steps.py, optax.adamw)
 treats every parameter alike. The authors (s5/train_helpers.py
 create_train_state) train Lambda and log dt (unless --dt_global) with Adam
 at --ssm_lr_base and no weight decay; B too at that rate, undecayed under
@@ -143,7 +143,7 @@ _TASKS = {
     'learning_rate': 0.004,  # --lr_factor=4 x --ssm_lr_base=0.001 (LR)
     'weight_decay': 0.07,  # --weight_decay=0.07 (WD)
     # Their IMDB l_max=4096 (4,095 bytes + EOS); our cache keeps 4,000
-    # bytes (lra/tasks/text.py WIDTH), the LRA paper's 4K.
+    # bytes (lra/data/text.py WIDTH), the LRA paper's 4K.
     'max_length': 4000,
     # Theirs: all 25,000 reviews train, the test set validates (val_split
     # 0.0) and the best epoch's test accuracy is reported. 'test' trains

@@ -1,7 +1,7 @@
 r"""Text (LRA): byte-level IMDB sentiment, positive or negative.
 
 Run:
-  python -m lra.prepare text   # once; needs aclImdb_v1.tar.gz, see README
+  python -m lra.data.prepare text   # once; needs aclImdb_v1.tar.gz, see README
   python train.py --config configs/text.py:transformer --workdir runs/text
   python train.py --config configs/text.py:transformer,small --workdir runs/s
   # The paper's 4K setting (the cache holds 4,000 bytes per review):
@@ -18,7 +18,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/text.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.sweep --tasks text --models transformer \
+or both: python -m lra.lab.sweep --tasks text --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final

@@ -13,10 +13,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.attention.softmax import fused_kernel_for
 from models.encoder import Encoder
+from models.errors import UserError
 from models.heads import POOLINGS, ClassifierHead, DualClassifierHead, pool_BxE
 from models.layers import as_dtype
 from models.lm import LanguageModel, check_causal
@@ -97,8 +97,8 @@ def check_prefix_padding(config):
 
 
 def build_model(config, task, seed=None):
-  """Builds the model for `task` (an lra.tasks.Task) from the config: the
-  classifier, or for an LM objective (config.objective, lra/objectives.py)
+  """Builds the model for `task` (an lra.data.Task) from the config: the
+  classifier, or for an LM objective (config.objective, lra/train/objectives.py)
   the LanguageModel (models/lm.py), checked for a causal mask first; for
   objective per_position (a label per position: mqar) the LanguageModel
   over the data's vocabulary, causal when the task's form is."""

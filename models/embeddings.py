@@ -6,7 +6,7 @@
     'sinusoidal'  the fixed encoding of Vaswani et al.;
     'learned'     a trained table of max_length (+1 for the CLS) rows; a
                   run at a longer max_length that starts from it
-                  (--config.init_from, lra/pretrained.py) extends it by
+                  (--config.init_from, lra/train/pretrained.py) extends it by
                   copying the trained rows repeatedly, as Longformer
                   (Beltagy et al. 2020, section 5) extended RoBERTa's 512
                   positions (extend_positions_LxE);
@@ -177,7 +177,7 @@ def extend_positions_LxE(table_LxE, rows, keep=0):
 
 
 def fit_for_fine_tune(path, array, shape, keep=0):
-  """For lra.pretrained.load_encoder: a pretrained encoder parameter of
+  """For lra.train.pretrained.load_encoder: a pretrained encoder parameter of
   another shape fitted to the fine-tune's `shape`, or None (it must match):
     embed.pos_LxE           the learned position table, extended by
                             copying (extend_positions_LxE) or cut;

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from models.errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout
 from models.attention.registry import get_core_class
 from models.embeddings import Embedder
+from models.errors import UserError
 from models.layers import TransformerBlock, block_class, split_key
 from models.reversible import reversible_blocks
 
@@ -103,7 +103,7 @@ class Encoder(nnx.Module):
       # the token embeddings (distinct, so they do not stay symmetric);
       # drawn last, so the rest of the model is initialised as without.
       # A fine-tune from a model without them keeps this initial value
-      # (lra/pretrained.py reads `init_from_missing`).
+      # (lra/train/pretrained.py reads `init_from_missing`).
       self.extra_GxE = nnx.Param(
         jax.random.normal(rngs.params(), (self.num_extra, cfg.emb_dim)),
         init_from_missing='fresh (learned global tokens)',

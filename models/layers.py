@@ -5,11 +5,11 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention import Mask, build
 from models.attention.base import dropout, pad_to_multiple
 from models.attention.registry import build_mixer, get_core_class, is_mixer
 from models.attention.relative import with_relative
+from models.errors import UserError
 from models.mixers.base import zero_padded
 from models.positions import check_rotary, pia_qk_inputs, rotate
 

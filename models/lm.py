@@ -1,4 +1,4 @@
-"""The language model of the LM objectives (lra/objectives.py): the
+"""The language model of the LM objectives (lra/train/objectives.py): the
 classifier's encoder with a token head in place of the classifier head.
 
   tokens [N, L] -> Encoder (causal for causal_lm) -> x at the L token
@@ -7,7 +7,7 @@ classifier's encoder with a token head in place of the classifier head.
 
 The encoder is built exactly as the Classifier's (models/classifier.py:
 same config, CLS and position table) except for one more embedding row, the
-mask id V of masked_lm (lra.objectives.mask_id; causal_lm has the row too,
+mask id V of masked_lm (lra.train.objectives.mask_id; causal_lm has the row too,
 unused, so both objectives give the same checkpoint layout). A fine-tune
 from such a checkpoint takes the `encoder` subtree and drops that last row.
 
@@ -21,7 +21,7 @@ The head (model.tie_lm_head):
                   learns then lands in the part that is transferred.
   untied          a Linear(emb_dim, V) of its own.
 
-Objective per_position (lra/objectives.py: a label per position from the
+Objective per_position (lra/train/objectives.py: a label per position from the
 data, mqar) uses this model too, over the data's vocabulary, causal when
 the task's form is; mqar's bidirectional form puts the mask id V in its
 answer slots.
@@ -37,9 +37,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.encoder import Encoder
+from models.errors import UserError
 from models.recurrent import SegmentRecurrentEncoder
 
 

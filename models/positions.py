@@ -65,8 +65,8 @@ Which cores accept rotary is the core's `rotary` flag
 
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.embeddings import sinusoidal_LxE
+from models.errors import UserError
 
 # theta_i = BASE^(-2i / D): the paper's (and Vaswani et al.'s) base.
 ROTARY_BASE = 10000.0

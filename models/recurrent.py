@@ -56,10 +56,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention import Mask
 from models.attention.base import dropout, pad_to_multiple
 from models.embeddings import Embedder
+from models.errors import UserError
 from models.layers import TransformerBlock, split_key
 
 

@@ -43,7 +43,7 @@ SMOKE = 'configs/listops.py:transformer,smoke'
 @pytest.fixture(scope='session')
 def smoke_data_dir(tmp_path_factory):
   """A data root with the ListOps smoke cache (shared; never modify it)."""
-  from lra import tasks  # pylint: disable=g-import-not-at-top
+  from lra import data as tasks  # pylint: disable=g-import-not-at-top
 
   path = str(tmp_path_factory.mktemp('data'))
   tasks.get_task('listops').ensure_prepared(path, {'variant': 'smoke'}, False)

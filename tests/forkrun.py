@@ -1,5 +1,5 @@
 """Runs command lines of the project's scripts (`train.py ...`,
-`-m lra.prepare ...`) as `python <args>` would, each in a forked child of
+`-m lra.data.prepare ...`) as `python <args>` would, each in a forked child of
 one process that imported JAX, Flax, Orbax and the project once: a case of
 the CLI error table then costs its own work, not the 3-5 s of imports.
 
@@ -22,10 +22,10 @@ import tempfile
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# train.py, benchmark.py and lra.prepare with what they import (they define
+# train.py, benchmark.py and lra.data.prepare with what they import (they define
 # their flags only as __main__; eval.py defines its own on import, so it is
 # not preloaded: what it imports is, through train).
-PRELOAD = ('train', 'benchmark', 'lra.prepare')
+PRELOAD = ('train', 'benchmark', 'lra.data.prepare')
 
 
 def preload():

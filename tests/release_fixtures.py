@@ -20,7 +20,7 @@ import tarfile
 import numpy as np
 from PIL import Image
 
-from lra.tasks.tfrecord import masked_crc
+from lra.data.tfrecord import masked_crc
 
 _POSITIVE = ['great', 'superb', 'loved', 'touching', 'brilliant', 'funny']
 _NEGATIVE = ['awful', 'boring', 'hated', 'clumsy', 'dreadful', 'dull']

@@ -181,7 +181,7 @@ def test_fused_kernel_refusals_at_model_build():
   """cudnn where it cannot run, and black pixels as padding (not a prefix)
   with a kernel that would be cuDNN, are one sentence before training."""
   from configs import pathfinder
-  from lra import tasks
+  from lra import data as tasks
   from models import classifier
 
   c = pathfinder.get_config('transformer_fused,smoke')

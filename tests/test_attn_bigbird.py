@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import listops as listops_config
-from lra import tasks
+from lra import data as tasks
 from lra.errors import UserError
 import models.attention.bigbird  # noqa: F401
 from models.attention.bigbird import random_layout

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import listops
-from lra import tasks
+from lra import data as tasks
 from lra.errors import UserError
 from models.attention import Mask
 from models.attention.longformer import LongformerAttention

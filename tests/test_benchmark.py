@@ -18,8 +18,8 @@ from test_fidelity import write_run
 
 import benchmark
 from configs import models as model_configs
-from lra import bench_report
 from lra.errors import UserError
+from lra.lab import bench_report
 from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
 

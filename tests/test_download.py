@@ -1,4 +1,4 @@
-"""python -m lra.prepare <task> --download against a loopback HTTP server.
+"""python -m lra.data.prepare <task> --download against a loopback HTTP server.
 
 The server (127.0.0.1, an ephemeral port, given as --mirror) serves fixture
 archives in the release formats (tests/release_fixtures.py), honours Range
@@ -19,7 +19,7 @@ import types
 import pytest
 import release_fixtures as fx
 
-from lra import download, prepare
+from lra.data import download, prepare
 from lra.errors import UserError
 
 

@@ -19,15 +19,15 @@ import types
 import numpy as np
 import pytest
 
-from lra import validate
+from lra.data import cache
 from lra.errors import UserError
-from lra.tasks import cache
+from lra.train import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = 'configs/listops.py:transformer,smoke'
 TRAIN = ('train.py', f'--config={SMOKE}')
 BENCH = ('benchmark.py', '--preset=tiny')
-PREPARE = ('-m', 'lra.prepare')
+PREPARE = ('-m', 'lra.data.prepare')
 
 # (id, command, match in the error line). Placeholders: {run} a finished
 # smoke run, {data} its data root, {fresh} a path that must stay absent,
@@ -123,7 +123,7 @@ CASES = [
       '--config=configs/text.py:transformer,smoke',
       '--config.data_dir={bad_cache}',
     ),
-    'python -m lra.prepare text --data_dir',
+    'python -m lra.data.prepare text --data_dir',
   ),
   (
     'truncated_cache_prepare',
@@ -363,7 +363,8 @@ def test_truncated_generated_cache_is_rebuilt_with_a_warning(
   tmp_path, smoke_data_dir, capsys
 ):
   from configs import listops
-  from lra import runtime, tasks
+  from lra import data as tasks
+  from lra.train import runtime
 
   data_dir = str(tmp_path / 'data')
   shutil.copytree(smoke_data_dir, data_dir)
@@ -391,9 +392,9 @@ def test_damaged_checkpoint_is_skipped_with_a_warning(
   damage, tmp_path, smoke_run, capfd
 ):
   from configs import listops
-  from lra import runtime, tasks
-  from lra.checkpoints import Checkpoints
-  import train
+  from lra import data as tasks
+  from lra.train import build, loop, runtime
+  from lra.train.checkpoints import Checkpoints
 
   workdir = str(tmp_path / 'run')
   shutil.copytree(smoke_run, workdir)
@@ -413,10 +414,10 @@ def test_damaged_checkpoint_is_skipped_with_a_warning(
   config = listops.get_config('transformer,smoke')
   task = tasks.get_task('listops')
   replicated, _ = runtime.make_mesh()
-  _, state = train.create_state(config, task, replicated)
+  _, state = build.create_state(config, task, replicated)
   ckpt = Checkpoints(workdir)
   best_steps = ckpt.all_steps('best')
-  step, _, best = train.resume_state(ckpt, state)
+  step, _, best = loop.resume_state(ckpt, state)
   ckpt.close()
   err = capfd.readouterr().err
   assert damage == 'unrecorded' or 'Traceback' not in err, err
@@ -431,16 +432,17 @@ def test_damaged_checkpoint_is_skipped_with_a_warning(
 
 
 def test_prepare_docstring_examples_parse(tmp_path):
-  """Every `python -m lra.prepare` line of lra/prepare.py's docstring is a
+  """Every `python -m lra.data.prepare` line of lra/data/prepare.py's docstring is a
   valid command (parsed and its options checked, nothing generated)."""
   import shlex
 
-  from lra import prepare, tasks
+  from lra import data as tasks
+  from lra.data import prepare
 
   lines = [
     ln.strip()
     for ln in prepare.__doc__.splitlines()
-    if ln.strip().startswith('python -m lra.prepare')
+    if ln.strip().startswith('python -m lra.data.prepare')
   ]
   assert len(lines) >= 3
   for line in lines:

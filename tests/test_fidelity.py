@@ -15,8 +15,10 @@ import pytest
 from configs import listops as listops_config
 from configs import retrieval as retrieval_config
 from configs import text as text_config
-from lra import metrics, report, tasks
+from lra import data as tasks
 from lra.errors import UserError
+from lra.lab import report
+from lra.train import metrics
 from models.classifier import build_model
 from models.encoder import Encoder
 import train

@@ -15,10 +15,11 @@ from test_models_tasks import task_config
 
 from configs import base
 from configs import listops as listops_config
-from lra import curriculum, rundir, runtime, steps, tasks
-from lra.checkpoints import Checkpoints
+from lra import data as tasks
 from lra.errors import UserError
-from lra.metrics import read_rows
+from lra.train import build, curriculum, rundir, runtime, steps
+from lra.train.checkpoints import Checkpoints
+from lra.train.metrics import read_rows
 from models.embeddings import extend_positions_LxE
 import train
 
@@ -33,7 +34,7 @@ def smoke_config(data_dir, **changes):
 
 def fresh_state(config):
   replicated, _ = runtime.make_mesh()
-  return train.create_state(config, tasks.get_task('listops'), replicated)
+  return build.create_state(config, tasks.get_task('listops'), replicated)
 
 
 def pure(state, part=0):
@@ -103,7 +104,7 @@ def test_init_from_starts_from_exactly_the_pretrained_encoder(
   config = smoke_config(smoke_data_dir, init_from=relative, seed=3)
   _, state = fresh_state(config)
   _, fresh = fresh_state(config)
-  state, step = train.init_from(config, state)
+  state, step = build.init_from(config, state)
   best = Checkpoints(smoke_run)
   assert step == best.latest_step('best')
   _, like = fresh_state(smoke_config(smoke_data_dir))
@@ -129,7 +130,7 @@ def test_init_from_mismatch_is_one_sentence_naming_the_parameter(
     smoke_data_dir, init_from=smoke_run, **{'model.mlp_dim': 24}
   )
   with pytest.raises(UserError) as e:
-    train.init_from(config, fresh_state(config)[1])
+    build.init_from(config, fresh_state(config)[1])
   message = str(e.value)
   assert 'encoder.blocks.0.mlp.fc1.bias has shape (32,) there but (24,)' in (
     message
@@ -139,10 +140,10 @@ def test_init_from_mismatch_is_one_sentence_naming_the_parameter(
     smoke_data_dir, init_from=smoke_run, **{'model.num_layers': 2}
   )
   with pytest.raises(UserError, match=r'has no parameter encoder\.blocks\.1'):
-    train.init_from(config, fresh_state(config)[1])
+    build.init_from(config, fresh_state(config)[1])
   config = smoke_config(smoke_data_dir, init_from=str(tmp_path / 'none'))
   with pytest.raises(UserError, match='is not a directory'):
-    train.init_from(config, fresh_state(config)[1])
+    build.init_from(config, fresh_state(config)[1])
 
 
 # ------------------------------------------------------ position extension
@@ -180,7 +181,7 @@ def test_classifier_from_a_shorter_lm_extends_learned_positions(
     init_from=pretrained,
     **{'model.positions': 'learned'},
   )
-  state_long, _ = train.init_from(long, fresh_state(long)[1])
+  state_long, _ = build.init_from(long, fresh_state(long)[1])
   trained = pure(state)['encoder']['embed']['pos_LxE']  # 9 rows: CLS + 8
   table = pure(state_long)['encoder']['embed']['pos_LxE']
   assert trained.shape[0] == 9 and table.shape[0] == 21
@@ -203,8 +204,8 @@ def test_evaluating_at_a_longer_length_extends_learned_positions(
   )
   replicated, _ = runtime.make_mesh()
   task = tasks.get_task('listops')
-  _, state = train.create_state(config, task, replicated)
-  _, longer = train.at_length(config, task, replicated, state, 20)
+  _, state = build.create_state(config, task, replicated)
+  _, longer = build.at_length(config, task, replicated, state, 20)
   trained, got = pure(state), pure(longer)
   table = got['encoder']['embed']['pos_LxE']
   np.testing.assert_array_equal(

@@ -1,12 +1,17 @@
-"""The package tree reads harness / tasks / models: models/ never imports lra/
-(the harness and the task data) and lra/ never imports models/ (train.py,
-eval.py and benchmark.py build the model and hand it to the harness); lra/
-never imports configs/ (the scripts read configs and hand them over); and
-no module of lra/ or models/ imports itself back through others (no import
+"""The floors of the package tree, and that imports run only downward:
+
+  lra/lab/    what runs or reads many trainings   may import anything below
+  lra/train/  what one training run is made of    imports data/, models/
+  lra/data/   every task behind the data contract imports nothing above
+  models/     the model zoo                       never imports lra/
+
+Only lra/lab/ may import configs/ (entry points hand configs over); no
+module of lra/ or models/ imports itself back through others (no import
 cycle, counting imports inside functions).
 
 Read with `ast`, nothing imported: an import inside a function counts, and so
-does `importlib.import_module('<constant>')`."""
+does `importlib.import_module('<constant>')`; `from lra import train` counts
+as importing lra.train."""
 
 import ast
 import pathlib
@@ -24,6 +29,12 @@ def imported_modules(source):
       found += [(a.name, node.lineno) for a in node.names]
     elif isinstance(node, ast.ImportFrom) and node.level == 0:
       found.append((node.module, node.lineno))
+      # `from lra import train` imports lra.train when that is a module.
+      found += [
+        (f'{node.module}.{a.name}', node.lineno)
+        for a in node.names
+        if node.module == 'lra' and a.name in ('data', 'train', 'lab')
+      ]
     elif (
       isinstance(node, ast.Call)
       and getattr(node.func, 'attr', getattr(node.func, 'id', None))
@@ -36,63 +47,108 @@ def imported_modules(source):
   return found
 
 
-def forbidden_imports(package, forbidden):
-  """'path:line imports name' for each import of `forbidden` under package."""
+def forbidden_imports(package, forbidden, root=ROOT):
+  """'path:line imports name' for each import of `forbidden` under package
+  (a folder of `root`)."""
   bad = []
-  for path in sorted((ROOT / package).rglob('*.py')):
+  for path in sorted((root / package).rglob('*.py')):
     for name, line in imported_modules(path.read_text()):
       if name == forbidden or name.startswith(forbidden + '.'):
-        bad.append(f'{path.relative_to(ROOT)}:{line} imports {name}')
+        bad.append(f'{path.relative_to(root)}:{line} imports {name}')
   return bad
+
+
+# Each floor and what it must not import.
+FLOORS = {
+  'models': ('lra', 'configs'),
+  'lra/data': ('lra.train', 'lra.lab', 'models', 'configs'),
+  'lra/train': ('lra.lab', 'configs'),
+}
+# Modules at the top of lra/: the package (load_run), the error type, and
+# the `python -m` spellings kept from before the floors (each calls the
+# main of the module it names).
+LRA_TOP = {
+  '__init__.py',
+  'errors.py',
+  'prepare.py',
+  'sweep.py',
+  'devicecheck.py',
+}
+
+
+def floor_violations(root=ROOT):
+  """Every upward import under `root`, as 'path:line imports name'."""
+  return [
+    bad
+    for floor, forbidden in FLOORS.items()
+    for name in forbidden
+    for bad in forbidden_imports(floor, name, root)
+  ]
 
 
 def test_imported_modules_sees_every_form():
   source = (
-    'import lra.tasks\n'
-    'from lra import steps\n'
+    'import lra.data\n'
+    'from lra import train\n'
     'from . import sibling\n'
     'def f():\n'
     '  from models.classifier import build_model\n'
     "  importlib.import_module('models.attention.none')\n"
   )
   assert [n for n, _ in imported_modules(source)] == [
-    'lra.tasks',
+    'lra.data',
     'lra',
+    'lra.train',
     'models.classifier',
     'models.attention.none',
   ]
 
 
+def test_imports_run_only_downward():
+  for floor in FLOORS:
+    assert (ROOT / floor / '__init__.py').is_file(), floor
+  assert floor_violations() == []
+
+
 @pytest.mark.parametrize(
-  'package, forbidden', [('models', 'lra'), ('lra', 'models')]
+  'floor, line',
+  [
+    ('lra/data', 'from lra.train import steps'),
+    ('lra/data', 'from lra import lab'),
+    ('lra/train', 'import lra.lab.report'),
+    ('lra/train', 'from configs import base'),
+    ('models', 'from lra.data import cache'),
+  ],
 )
-def test_no_import_across_harness_and_models(package, forbidden):
-  assert (ROOT / package / '__init__.py').is_file()
-  assert forbidden_imports(package, forbidden) == []
+def test_layout_test_fails_on_an_upward_import(tmp_path, floor, line):
+  """The check above, on a copy of the floors with one upward import."""
+  for f in FLOORS:
+    (tmp_path / f).mkdir(parents=True, exist_ok=True)
+    (tmp_path / f / '__init__.py').write_text('')
+  (tmp_path / floor / 'bad.py').write_text(f'def f():\n  {line}\n')
+  found = floor_violations(tmp_path)
+  assert len(found) == 1 and found[0].startswith(f'{floor}/bad.py:2 imports')
 
 
-def test_task_modules_live_in_lra_tasks():
-  """The task data is in lra/tasks/, and the registry points there."""
-  from lra import tasks  # pylint: disable=g-import-not-at-top
+def test_lra_top_holds_only_the_floors():
+  top = {p.name for p in (ROOT / 'lra').glob('*.py')}
+  assert top <= LRA_TOP, top - LRA_TOP
+  dirs = {p.name for p in (ROOT / 'lra').iterdir() if p.is_dir()}
+  assert {'data', 'train', 'lab'} <= dirs
+
+
+def test_task_modules_live_in_lra_data():
+  """The task data is in lra/data/, and the registry points there."""
+  from lra import data as tasks  # pylint: disable=g-import-not-at-top
 
   for task in tasks.TASKS.values():
-    assert task.module.startswith('lra.tasks.'), task
+    assert task.module.startswith('lra.data.'), task
     name = task.module.split('.')[-1]
-    assert (ROOT / 'lra' / 'tasks' / f'{name}.py').is_file(), task
-
-
-# The one module of lra/ that reads configs/: the sweep's command line,
-# which hands the presets and model names to lra/sweep_plan.py.
-CONFIG_READERS = ('lra/sweep.py',)
-
-
-def test_lra_never_imports_configs():
-  bad = forbidden_imports('lra', 'configs')
-  assert [b for b in bad if b.split(':')[0] not in CONFIG_READERS] == []
+    assert (ROOT / 'lra' / 'data' / f'{name}.py').is_file(), task
 
 
 def module_name(path):
-  """'lra.tasks.cache' of ROOT/lra/tasks/cache.py ('lra' of __init__)."""
+  """'lra.data.cache' of ROOT/lra/data/cache.py ('lra' of __init__)."""
   parts = list(path.relative_to(ROOT).with_suffix('').parts)
   if parts[-1] == '__init__':
     parts.pop()
@@ -101,7 +157,7 @@ def module_name(path):
 
 def import_graph(packages=('lra', 'models')):
   """{module: set of project modules it imports} for the packages' files.
-  `from lra import steps` counts as importing lra.steps when that is a
+  `from lra import steps` counts as importing lra.train.steps when that is a
   module (else the package lra)."""
   files = {}
   for package in packages:
@@ -167,5 +223,5 @@ def test_find_cycle_finds_one():
 
 def test_no_import_cycle_in_lra_and_models():
   graph = import_graph()
-  assert 'lra.report' in graph and 'models.layers' in graph
+  assert 'lra.lab.report' in graph and 'models.layers' in graph
   assert find_cycle(graph) is None, ' -> '.join(find_cycle(graph))

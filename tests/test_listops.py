@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from lra import prepare, tasks
+from lra import data as tasks
+from lra.data import cache, listops, prepare
 from lra.errors import UserError
-from lra.tasks import cache, listops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = listops.VARIANTS['smoke']
@@ -267,7 +267,7 @@ def test_parse_options():
 def run_cli(*args):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   return subprocess.run(
-    [sys.executable, '-m', 'lra.prepare', *args],
+    [sys.executable, '-m', 'lra.data.prepare', *args],
     cwd=ROOT,
     env=env,
     capture_output=True,

@@ -4,7 +4,7 @@ Beltagy, Peters and Cohan 2020 (arXiv 2004.05150, section 5) start
 Longformer from a pretrained model, its global projections copied from the
 ordinary ones. Here `--config.init_from` a transformer run loads its
 encoder and keeps the Longformer's global maps at their identity
-initialisation (lra/pretrained.py `init_from_missing`), so where the window
+initialisation (lra/train/pretrained.py `init_from_missing`), so where the window
 covers the input the converted model computes, before any step, exactly
 what the transformer did.
 """
@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from test_models_tasks import task_config
 
-from lra import pretrained, runtime, tasks
-from lra.checkpoints import Checkpoints
+from lra import data as tasks
 from lra.errors import UserError
-import train
+from lra.train import build, pretrained, runtime
+from lra.train.checkpoints import Checkpoints
 
 
 def built(config):
   replicated, _ = runtime.make_mesh()
-  return train.create_state(config, tasks.get_task('listops'), replicated)
+  return build.create_state(config, tasks.get_task('listops'), replicated)
 
 
 def encoder_outputs(graphdef, state, tokens_BxL):
@@ -61,7 +61,7 @@ def test_transformer_run_converts_to_longformer_with_its_outputs(
   graphdef, fresh = built(config)
   kept = pretrained.kept_when_missing(fresh)
   assert len(kept) == 6 and all('global_' in p[-1] for p in kept)
-  state, got_step = train.init_from(config, fresh)
+  state, got_step = build.init_from(config, fresh)
   assert got_step == step
   got = encoder_outputs(graphdef, state, tokens_BxL)
   np.testing.assert_allclose(got, want, atol=2e-5)
@@ -80,7 +80,7 @@ def test_transformer_run_converts_to_longformer_with_its_outputs(
     **{'model.attention.window': 8},
   )
   graphdef, state = built(narrow)
-  state, _ = train.init_from(narrow, state)
+  state, _ = build.init_from(narrow, state)
   assert (
     np.abs(encoder_outputs(graphdef, state, tokens_BxL) - want).max() > 1e-3
   )
@@ -97,4 +97,4 @@ def test_a_parameter_missing_without_the_mark_is_still_one_sentence(
     **{'model.num_layers': 2},
   )
   with pytest.raises(UserError, match=r'has no parameter encoder\.blocks\.1'):
-    train.init_from(config, built(config)[1])
+    build.init_from(config, built(config)[1])

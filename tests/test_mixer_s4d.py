@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.errors import UserError
 from models.attention.registry import get_core_class
+from models.errors import UserError
 import models.mixers.s4d  # noqa: F401 (registers s4d)
 from models.mixers.s4d import S4D, fft_conv
 from tests import ssm_checks as sc

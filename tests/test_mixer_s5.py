@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.errors import UserError
 from models.attention.registry import get_core_class
+from models.errors import UserError
 import models.mixers.s5  # noqa: F401 (registers s5)
 from models.mixers.s5 import S5, block_hippo_n, hippo_n, linear_scan
 from tests import ssm_checks as sc

@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra import steps, tasks
+from lra import data as tasks
 from lra.errors import UserError
+from lra.train import steps
 from models.attention import Mask, known_cores
 from models.attention.memory import compiled_memory
 from models.attention.registry import get_core_class, is_mixer
@@ -187,10 +188,10 @@ def test_trains_one_step_on_listops_smoke(name, listops_smoke):
   config = smoke_config(name, data_dir=listops_smoke)
   ssm = config.model.block == 'ssm' and config.model.norm == 'batch'
   task = tasks.get_task('listops')
-  import train  # pylint: disable=g-import-not-at-top
+  from lra.train import build, loop, runtime  # pylint: disable=g-import-not-at-top
 
-  graphdef, state = train.create_state(config, task, None)
-  data = train.runtime.load_data(config, task, progress=False)
+  graphdef, state = build.create_state(config, task, None)
+  data = runtime.load_data(config, task, progress=False)
   step = steps.make_train_step(graphdef)
   floats = lambda s: [  # noqa: E731
     np.asarray(a, np.float32)
@@ -198,7 +199,7 @@ def test_trains_one_step_on_listops_smoke(name, listops_smoke):
     if hasattr(a, 'dtype') and jnp.issubdtype(a.dtype, jnp.floating)
   ]
   before = floats(state)  # the step donates the state: copied first
-  batch = train.training_batch(config, task, data, [], 0)
+  batch = loop.training_batch(config, task, data, [], 0)
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   new_state, metrics = step(state, batch, jax.random.key(0))
   assert np.isfinite(float(metrics['loss']))

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from configs import models as model_configs
-from lra import paper as lra_paper
-from lra import steps, tasks
-from lra.report import accuracy_table
+from lra import data as tasks
+from lra.lab import paper as lra_paper
+from lra.lab.report import accuracy_table
+from lra.train import build, steps
 import train
 
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
@@ -54,7 +55,7 @@ def test_every_efficient_model_is_here():
 
 def _train_shapes(config):
   task = tasks.get_task(config.task)
-  graphdef, state = train.create_state(config, task, None)
+  graphdef, state = build.create_state(config, task, None)
   lead = (
     (config.batch_size, 2) if task.num_inputs == 2 else (config.batch_size,)
   )

@@ -1,4 +1,4 @@
-"""MQAR (lra/tasks/mqar.py), the per_position objective and model.short_conv.
+"""MQAR (lra/data/mqar.py), the per_position objective and model.short_conv.
 
 The data: keys, values and labelled positions of both forms, the power law
 of the query gaps (chi-square), determinism and disjoint splits; the
@@ -19,9 +19,10 @@ import pytest
 from scipy import stats
 from test_models_tasks import task_config
 
-from lra import batching, steps, tasks, validate
+from lra import data as tasks
+from lra.data import cache, mqar
 from lra.errors import UserError
-from lra.tasks import cache, mqar
+from lra.train import batching, steps, validate
 from models.attention import Mask
 from models.classifier import build_model
 from models.embeddings import Embedder

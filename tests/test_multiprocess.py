@@ -19,10 +19,11 @@ import jax
 import numpy as np
 import pytest
 
-from lra import batching, processes, runtime, tasks
-from lra.checkpoints import Checkpoints
+from lra import data as tasks
 from lra.errors import UserError
-from lra.metrics import read_rows
+from lra.train import batching, processes, runtime
+from lra.train.checkpoints import Checkpoints
+from lra.train.metrics import read_rows
 
 TIMEOUT_S = 240
 

@@ -1,4 +1,4 @@
-"""The LM objectives (lra/objectives.py, models/lm.py): masked_lm's masks and
+"""The LM objectives (lra/train/objectives.py, models/lm.py): masked_lm's masks and
 counted positions, causal_lm's causality through the whole model and a
 training run, the refusal of a core that cannot be causal, and every task
 config traced with both objectives.
@@ -20,9 +20,10 @@ import pytest
 from test_models_tasks import task_config
 
 from configs import base as base_config
-from lra import objectives, rundir, runtime, steps, tasks
+from lra import data as tasks
 from lra.errors import UserError
-from lra.metrics import read_rows
+from lra.train import build, objectives, rundir, runtime, steps
+from lra.train.metrics import read_rows
 from models.classifier import build_model
 from models.embeddings import Embedder
 import train
@@ -149,12 +150,12 @@ def test_masked_lm_steps_are_the_same_on_one_and_four_devices():
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
     replicated, batch_sharding = runtime.make_mesh(devices)
-    graphdef, state = train.create_state(config, task, replicated)
+    graphdef, state = build.create_state(config, task, replicated)
     step = steps.make_train_step(graphdef, prepare)
     batch = runtime.to_device(host, batch_sharding)
     _, metrics = step(state, batch, step_key(0, 1))
     sums = steps.make_eval_step(graphdef, prepare)(
-      train.create_state(config, task, replicated)[1],
+      build.create_state(config, task, replicated)[1],
       batch,
       objectives.eval_key(config, 0),
     )
@@ -269,7 +270,7 @@ def test_causal_lm_trains_on_listops_smoke(smoke_data_dir, tmp_path):
   # The accuracy table has no row for a pretraining run.
   with open(os.path.join(workdir, 'results.json')) as f:
     assert json.load(f)['objective'] == 'causal_lm'
-  from lra.report import read_runs  # pylint: disable=g-import-not-at-top
+  from lra.lab.report import read_runs  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(UserError, match='pretraining runs'):
     read_runs(str(tmp_path))
@@ -316,7 +317,7 @@ def test_every_task_config_traces_with_the_objective(objective):
   for name in TASKS:
     config = lm_config(objective, task=name)
     task = tasks.get_task(name)
-    graphdef, state = train.create_state(config, task, None)
+    graphdef, state = build.create_state(config, task, None)
     lead = (8, 2) if task.num_inputs == 2 else (8,)
     batch = {
       'inputs': np.ones(lead + (config.max_length,), np.int32),

@@ -1,5 +1,5 @@
 """Every attention option from the command line (configs/models.py, the
-registry's options_of, lra/cli.py), and evaluation with other options
+registry's options_of, lra/train/cli.py), and evaluation with other options
 (eval.py --config.model.attention.<option>=<value>).
 
 The cores are enumerated from the registry, so a new core or mixer, or a new
@@ -20,10 +20,10 @@ import pytest
 
 from configs import models as model_configs
 import eval as lra_eval
-from lra import cli, steps, tasks
+from lra import data as tasks
 from lra.errors import UserError
+from lra.train import build, cli, steps
 from models.attention import registry
-import train
 
 SMOKE = 'configs/listops.py:{},smoke'
 # Smaller than smoke: 33 tokens with the CLS, two segments for the recurrent
@@ -87,7 +87,7 @@ def test_every_option_from_the_command_line_then_one_step(core):
   }
   model_configs.check_attention(config)
   task = tasks.get_task('listops')
-  graphdef, state = train.create_state(config, task, None)
+  graphdef, state = build.create_state(config, task, None)
   rng = np.random.default_rng(0)
   batch = {
     'inputs': rng.integers(1, task.vocab_size, (4, config.max_length)),

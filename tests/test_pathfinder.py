@@ -9,10 +9,10 @@ import pytest
 import release_fixtures as fx
 
 from configs import pathfinder as pathfinder_config
-from lra import tasks
+from lra import data as tasks
+from lra.data import cache, pathfinder
+from lra.data import pathfinder_gen as gen
 from lra.errors import UserError
-from lra.tasks import cache, pathfinder
-from lra.tasks import pathfinder_gen as gen
 from models.classifier import build_model
 
 HARD = gen.CONTOUR_LENGTHS['hard']
@@ -330,7 +330,7 @@ def test_black_is_padding_masks_exactly_the_zero_pixels(black_is_padding):
 
 def test_example_figure(tmp_path):
   # docs/pathfinder_examples.png is this figure, made by
-  # `python -m lra.pathfinder --examples docs/pathfinder_examples.png`.
+  # `python -m lra.data.pathfinder --examples docs/pathfinder_examples.png`.
   path = str(tmp_path / 'examples.png')
   pathfinder.save_examples(path)
   with Image.open(path) as im:

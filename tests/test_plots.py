@@ -11,9 +11,10 @@ import sys
 import ml_collections
 import pytest
 
-from lra import curves, metrics, steps
-from lra.metrics import MetricsLog, read_rows
-from lra.tasks.tfrecord import read_records
+from lra.data.tfrecord import read_records
+from lra.lab import curves
+from lra.train import metrics, steps
+from lra.train.metrics import MetricsLog, read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +109,7 @@ def test_train_rows_carry_the_learning_rate(smoke_run):
     config = ml_collections.ConfigDict(json.load(f))
   schedule = steps.learning_rate_schedule(config)
   rates = [r['learning_rate'] for r in rows]
-  # Computed in the step (lra.steps.ROW), where XLA may rewrite the
+  # Computed in the step (lra.train.steps.ROW), where XLA may rewrite the
   # schedule's arithmetic (a / sqrt(b) as a * rsqrt(b)): float32's last bit.
   expected = [float(schedule(r['step'] - 1)) for r in rows]
   assert rates == pytest.approx(expected, rel=3e-7)

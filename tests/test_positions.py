@@ -22,8 +22,9 @@ from test_attn_reformer import reformer_reference
 from test_models_tasks import task_config
 
 from configs.base import get_base_config
-from lra import tasks
+from lra import data as tasks
 from lra.errors import UserError
+from lra.train import build
 from models.attention import AttentionCore, Mask, known_cores
 from models.attention.reformer import ReformerAttention
 from models.attention.registry import get_core_class
@@ -31,7 +32,6 @@ from models.embeddings import Embedder, sinusoidal_LxE
 from models.encoder import Encoder
 from models.layers import MultiHeadAttention
 from models.positions import pia_inputs, rotate
-import train
 
 B, L, H, D = 2, 37, 2, 8
 E = H * D
@@ -247,7 +247,7 @@ def test_model_builder_refuses_rotary_before_training():
   prints it and exits 2), before any step."""
   config = task_config('listops', 'linformer', **{'model.positions': 'rotary'})
   with pytest.raises(UserError, match="'linformer' cannot use rotary"):
-    train.create_state(config, tasks.get_task('listops'), None)
+    build.create_state(config, tasks.get_task('listops'), None)
 
 
 def test_synthesizer_rotary_needs_the_dot_product():

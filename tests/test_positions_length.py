@@ -1,7 +1,7 @@
 """Relative and rotary positions evaluated past the trained length.
 
 A model built (or, marked slow, trained one step) at length L is rebuilt
-at 2L by train.at_length, the path of `eval.py --max_length` (same
+at 2L by build.at_length, the path of `eval.py --max_length` (same
 parameters, fresh optimizer), for the exact transformer and the
 segment-recurrent transformer_xl, under 'relative' (Transformer-XL's
 logits, models/attention/relative.py) and 'rotary' (models/positions.py).
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from configs import listops as listops_config
-from lra import steps, tasks
-import train
+from lra import data as tasks
+from lra.train import build, steps
 
 L = 16
 SEGMENT = 8
@@ -63,8 +63,8 @@ def tokens(shape, seed):
 
 def at_2l(c, state):
   """(model at 2L, its (graphdef, state)) with the parameters of `state`,
-  by eval.py's train.at_length."""
-  graphdef, state_2l = train.at_length(c, TASK, None, state, 2 * L)
+  by eval.py's build.at_length."""
+  graphdef, state_2l = build.at_length(c, TASK, None, state, 2 * L)
   model_2l, _ = nnx.merge(graphdef, state_2l)
   return model_2l, (graphdef, state_2l)
 
@@ -87,7 +87,7 @@ def logits(model, *inputs):
 )
 def test_classifier_at_2l_is_finite_and_shift_invariant(model, positions):
   c = config(model, positions)
-  graphdef, state = train.create_state(c, TASK, None)
+  graphdef, state = build.create_state(c, TASK, None)
   short, _ = nnx.merge(graphdef, state)
   long, _ = at_2l(c, state)
   t = tokens((3, L), 1)
@@ -105,7 +105,7 @@ def test_trained_at_l_evaluates_at_2l_through_the_eval_step():
   """One training step at L, then eval.py's step (steps.make_eval_step) on
   the model rebuilt at 2L: a finite loss over every example."""
   c = config('transformer_xl', 'rotary')
-  graphdef, state = train.create_state(c, TASK, None)
+  graphdef, state = build.create_state(c, TASK, None)
   batch = {
     'inputs': tokens((4, L), 0),
     'labels': jnp.arange(4) % TASK.num_classes,
@@ -122,7 +122,7 @@ def test_trained_at_l_evaluates_at_2l_through_the_eval_step():
 @pytest.mark.parametrize('model,positions', CASES)
 def test_causal_lm_at_2l_first_outputs_equal_those_at_l(model, positions):
   c = config(model, positions, objective='causal_lm')
-  graphdef, state = train.create_state(c, TASK, None)
+  graphdef, state = build.create_state(c, TASK, None)
   short, _ = nnx.merge(graphdef, state)
   long, _ = at_2l(c, state)
   t_Bx2L = tokens((2, 2 * L), 3)

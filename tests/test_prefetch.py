@@ -1,4 +1,4 @@
-"""lra/prefetch.py: batches in step order at every depth, errors at the
+"""lra/train/prefetch.py: batches in step order at every depth, errors at the
 step that needed them, the worker stopped by close; train.py's depth."""
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from configs import listops as listops_config
-from lra.prefetch import Prefetcher
-import train
+from lra.train import loop
+from lra.train.prefetch import Prefetcher
 
 
 @pytest.mark.parametrize('depth', [0, 1, 2, 5])
@@ -53,6 +53,6 @@ def test_close_stops_the_worker_when_the_loop_ends_early():
 def test_prefetch_default_is_in_the_loop_on_a_cpu():
   config = listops_config.get_config('transformer,smoke')
   assert config.prefetch == -1
-  assert train.prefetch_depth(config) == 0  # the tests run on CPU
+  assert loop.prefetch_depth(config) == 0  # the tests run on CPU
   config.prefetch = 3
-  assert train.prefetch_depth(config) == 3
+  assert loop.prefetch_depth(config) == 3

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import release_fixtures as fx
 
-from lra import tasks
+from lra import data as tasks
+from lra.data import cache, image, retrieval, text, tfrecord
 from lra.errors import UserError
-from lra.tasks import cache, image, retrieval, text, tfrecord
 
 
 def _prepare(module, data_dir, options=None, name='cache'):

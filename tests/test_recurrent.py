@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 
 from configs import listops as listops_config
-from lra import steps, tasks
+from lra import data as tasks
 from lra.errors import UserError
+from lra.train import build, steps
 from models.attention import Mask
 from models.attention.memory import compiled_memory
 from models.classifier import build_model
@@ -33,7 +34,6 @@ from models.encoder import Encoder
 from models.layers import TransformerBlock
 from models.positions import rotate
 from models.recurrent import SegmentRecurrentEncoder
-import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, H, D = 2, 2, 8
@@ -567,7 +567,7 @@ def test_aux_loss_reaches_the_training_loss_with_its_weight():
   c = smoke_config(
     'compressive_transformer', **{'model.attention.aux_loss_weight': 2.5}
   )
-  graphdef, state = train.create_state(c, task, None)
+  graphdef, state = build.create_state(c, task, None)
   model, _ = nnx.merge(graphdef, state)
   logits, aux = jax.jit(lambda t: model(t))(batch['inputs'])
   m = steps.weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
@@ -709,7 +709,7 @@ def test_training_step_memory_grows_linearly_in_segments():
       batch_size=1,
       **{'model.segment_length': 128, 'model.segment_remat': remat},
     )
-    graphdef, state = train.create_state(c, task, None)
+    graphdef, state = build.create_state(c, task, None)
     batch = {
       'inputs': jax.ShapeDtypeStruct((1, length), jnp.int32),
       'labels': jax.ShapeDtypeStruct((1,), jnp.int32),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import listops as listops_config
-from lra import tasks
+from lra import data as tasks
 from lra.errors import UserError
 from models.classifier import build_model
 

@@ -1,4 +1,4 @@
-"""lra/rundir.py: the run directory's files, the one rule for the selected
+"""lra/train/rundir.py: the run directory's files, the one rule for the selected
 test accuracy (shared by the table and the sweep), the resume_changes key,
 and the table's labels by a run's attention options."""
 
@@ -8,8 +8,9 @@ import os
 import pytest
 
 from configs import listops, text
-from lra import report, rundir, sweep_plan, sweep_run
 from lra.errors import UserError
+from lra.lab import report, sweep_plan, sweep_run
+from lra.train import rundir
 
 
 def text_config(val='test'):
@@ -87,7 +88,7 @@ def test_select_in_results_wins():
 
 
 def test_select_default_is_the_configs_selection():
-  """Without `select`, what train.py would write (lra/metrics.py
+  """Without `select`, what train.py would write (lra/train/metrics.py
   selection of config.json): 'last' when validation is the test set."""
   results = results_of()
   validate_on_test = json.loads(text_config('test').to_json())

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from configs.s5_reference import S5_NOT_EXPRESSED, S5_REFERENCE, S5_RUN
-from lra import steps, tasks, validate
-import train
+from lra import data as tasks
+from lra.train import build, steps, validate
 
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
 
@@ -87,7 +87,7 @@ def _train_shapes(config):
   """(model, loss, metrics shapes): the train step traced with
   jax.eval_shape (no compilation)."""
   task = tasks.get_task(config.task)
-  graphdef, state = train.create_state(config, task, None)
+  graphdef, state = build.create_state(config, task, None)
   lead = (config.batch_size,) + ((2,) if task.num_inputs == 2 else ())
   batch = {
     'inputs': jax.ShapeDtypeStruct(lead + (config.max_length,), jnp.int32),

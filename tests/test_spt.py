@@ -2,7 +2,7 @@
 `small` with the masked_lm objective on every task config, and so on; the
 two-command pipeline itself runs in tests/test_sweep.py
 (test_small_spt_sweep_pretrains_then_fine_tunes, with smoke_spt). A
-smoke_spt training (masks drawn in the jitted step, lra/objectives.py) is
+smoke_spt training (masks drawn in the jitted step, lra/train/objectives.py) is
 deterministic and resumes exactly."""
 
 import importlib
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from configs import base
-from lra.metrics import read_rows
+from lra.train.metrics import read_rows
 import train
 
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')

@@ -1,4 +1,4 @@
-"""python -m lra.sweep: runs, skips, failures, Ctrl-C and resume, --dry_run.
+"""python -m lra.lab.sweep: runs, skips, failures, Ctrl-C and resume, --dry_run.
 
 One module fixture drives four sweeps of ListOps `smoke` into one folder
 (three train.py runs in all, plus one that fails at once):
@@ -26,9 +26,9 @@ import types
 import pytest
 
 from configs import models as model_configs
-from lra import sweep, sweep_plan, sweep_run
 from lra.errors import UserError
-from lra.metrics import read_rows
+from lra.lab import sweep, sweep_plan, sweep_run
+from lra.train.metrics import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The sweep's runs as its command line plans them (configs/' catalogue).
@@ -37,7 +37,7 @@ RESULT_KEYS = ('best_step', 'val_accuracy', 'test_accuracy', 'steps_done')
 
 
 def sweep_command(*args):
-  return [sys.executable, '-m', 'lra.sweep', *args]
+  return [sys.executable, '-m', 'lra.lab.sweep', *args]
 
 
 def run_sweep(*args):

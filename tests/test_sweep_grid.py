@@ -1,4 +1,4 @@
-"""python -m lra.sweep --grid: the cross product, one workdir per
+"""python -m lra.lab.sweep --grid: the cross product, one workdir per
 combination, the tuned table's choice on validation, skip on rerun."""
 
 import functools
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from lra import sweep, sweep_grid, sweep_plan
 from lra.errors import UserError
+from lra.lab import sweep, sweep_grid, sweep_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 plan = functools.partial(sweep_plan.plan, catalogue=sweep.catalogue())
@@ -22,7 +22,7 @@ GRID = (
 
 def run_sweep(*args):
   return subprocess.run(
-    [sys.executable, '-m', 'lra.sweep', *args],
+    [sys.executable, '-m', 'lra.lab.sweep', *args],
     cwd=ROOT,
     capture_output=True,
     text=True,

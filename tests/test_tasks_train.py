@@ -9,7 +9,7 @@ import pytest
 import release_fixtures as fx
 from test_train import run
 
-from lra.metrics import read_rows
+from lra.train.metrics import read_rows
 
 
 @pytest.fixture(scope='module')

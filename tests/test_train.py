@@ -16,10 +16,11 @@ import pytest
 from test_errors import array_files
 
 from configs import listops as listops_config
-from lra import batching, rundir, runtime, steps, tasks
+from lra import data as tasks
 from lra.errors import UserError
-from lra.metrics import read_rows
-from lra.report import accuracy_table
+from lra.lab.report import accuracy_table
+from lra.train import batching, rundir, runtime, steps
+from lra.train.metrics import read_rows
 from train import create_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -464,7 +465,7 @@ def test_a_failed_save_is_one_sentence_and_keeps_the_previous(
   assert 'no space left on device' in message and '\n' not in message
   assert 'previous latest checkpoint (step 3) is intact' in message
   monkeypatch.setattr(ocp.CheckpointManager, 'wait_until_finished', real_wait)
-  from lra.checkpoints import Checkpoints  # pylint: disable=g-import-not-at-top
+  from lra.train.checkpoints import Checkpoints  # pylint: disable=g-import-not-at-top
 
   _, state = create_state(config, tasks.get_task('listops'), None)
   ckpt = Checkpoints(workdir)

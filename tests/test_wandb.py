@@ -1,4 +1,4 @@
-"""Weights & Biases logging (lra/wandb_log.py) in offline mode: a smoke run
+"""Weights & Biases logging (lra/train/wandb_log.py) in offline mode: a smoke run
 stopped at step 3 and resumed to 6 logs metrics.jsonl's scalars (the
 TensorBoard names, the row's step) to one wandb run id, each row once; and
 the one sentence when the wandb package is missing."""
@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from configs import listops
-from lra import steps, validate, wandb_log
 from lra.errors import UserError
-from lra.metrics import read_rows, scalars
+from lra.train import steps, validate, wandb_log
+from lra.train.metrics import read_rows, scalars
 import train
 
 

@@ -91,7 +91,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
@@ -102,6 +101,7 @@ from models.attention.base import (
   refuse_causal,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 
 @functools.lru_cache(maxsize=128)

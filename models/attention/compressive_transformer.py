@@ -64,7 +64,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import int_option, pad_to_multiple
 from models.attention.registry import register
 from models.attention.transformer_xl import (
@@ -72,6 +71,7 @@ from models.attention.transformer_xl import (
   content_attention,
   shift_memory,
 )
+from models.errors import UserError
 
 COMPRESSIONS = ('max_pool', 'mean_pool', 'conv1d', 'most_used')
 

@@ -41,7 +41,6 @@ Attention dropout acts on the weights over the k slots.
 from flax import nnx
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
@@ -50,6 +49,7 @@ from models.attention.base import (
   refuse_causal,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 
 @register('linformer')

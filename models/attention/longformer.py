@@ -65,7 +65,7 @@ Q_g = A_q o Q_s is confined to affine functions of the ordinary projection (a
 free Q_g would need the layer's input, which the core contract does not
 carry). With no global position the maps are not created. The maps carry
 the metadata `init_from_missing`: a fine-tune from a model without them
-(`--config.init_from` a `transformer` run, lra/pretrained.py) keeps their
+(`--config.init_from` a `transformer` run, lra/train/pretrained.py) keeps their
 initial identity, which is the paper's conversion (the global projections
 start as copies of the trained ordinary ones).
 global_projections=false: the global path reuses q, k, v; no parameters.
@@ -95,7 +95,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
@@ -107,12 +106,13 @@ from models.attention.base import (
   refuse_causal,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 # Query blocks are half-window / SIDE_BLOCKS long and gather SIDE_BLOCKS
 # neighbouring blocks on each side: 2 gave the least compiled memory at
 # w = 512, L = 4096 (1 wastes more logits, 4 copies keys and values more).
 SIDE_BLOCKS = 2
-# Parameter metadata read by lra/pretrained.py: a fine-tune whose source
+# Parameter metadata read by lra/train/pretrained.py: a fine-tune whose source
 # lacks the parameter keeps its initial value (named here).
 INIT_FROM_MISSING = 'init_from_missing'
 

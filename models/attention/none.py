@@ -19,9 +19,9 @@ whose v_i is real), so padded keys and values change no real output.
 
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import AttentionCore, visible_any_BxL
 from models.attention.registry import register
+from models.errors import UserError
 
 
 @register('none')

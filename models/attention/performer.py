@@ -59,7 +59,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   bool_option,
@@ -68,6 +67,7 @@ from models.attention.base import (
 )
 from models.attention.kernel_attention import kernel_attention
 from models.attention.registry import register
+from models.errors import UserError
 
 KERNELS = ('softmax', 'relu')
 # Additive term of relu features, in units of 1 / sqrt(m) (authors: 1e-3).

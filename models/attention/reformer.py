@@ -94,7 +94,6 @@ google-research/long-range-arena, lra_benchmarks/models/reformer):
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   bool_option,
@@ -102,6 +101,7 @@ from models.attention.base import (
   key_valid_BxM,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 # Added to a token's score for itself: it keeps the weight only when no
 # other key is visible (the paper's value).

@@ -38,9 +38,9 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention.registry import get_core_class
 from models.embeddings import sinusoidal_LxE
+from models.errors import UserError
 
 
 def owns_relative(name):

@@ -71,7 +71,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   bool_option,
@@ -81,6 +80,7 @@ from models.attention.base import (
   visible_any_BxL,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 DECAYS = ('paper', 'spaced')
 # GroupNorm's epsilon (the authors' layernorm_eps).

@@ -63,7 +63,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   attend,
@@ -72,6 +71,7 @@ from models.attention.base import (
   refuse_causal,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 
 def _masked_logsumexp(x, valid, axis):

@@ -38,10 +38,10 @@ are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import AttentionCore, dropout, visible_any_BxL
 from models.attention.registry import register
 from models.attention.relative import RelativePositions
+from models.errors import UserError
 
 IMPLEMENTATIONS = ('einsum', 'fused')
 FUSED_KERNELS = ('auto', 'xla', 'cudnn')

@@ -75,7 +75,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   int_option,
@@ -89,6 +88,7 @@ from models.attention.local import (
   valid_blocks,
 )
 from models.attention.registry import register
+from models.errors import UserError
 
 PATTERNS = ('strided', 'fixed', 'mixed')
 COMBINES = ('merged', 'interleaved', 'heads')

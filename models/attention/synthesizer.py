@@ -61,7 +61,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.errors import UserError
 from models.attention.base import (
   AttentionCore,
   dropout,
@@ -70,6 +69,7 @@ from models.attention.base import (
 )
 from models.attention.registry import register
 from models.attention.softmax import dense_allowed
+from models.errors import UserError
 
 MODES = ('random', 'factorized_random', 'dense')
 

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention import base as attention_base
 from models.attention.base import bool_option
+from models.errors import UserError
 
 
 class SequenceMixer(nnx.Module):

@@ -72,9 +72,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.errors import UserError
 from models.attention.base import int_option
 from models.attention.registry import register
+from models.errors import UserError
 from models.mixers.base import (
   SequenceMixer,
   choice_option,

@@ -1,0 +1,139 @@
+"""A sweep's --dry_run (lra/lab/sweep.py): each run's estimated training time,
+from its own metrics.jsonl when it has trained before, else from
+benchmark.py's steps/s at the nearest benchmarked length, scaled by a dense
+Transformer's cost per step (step_cost). Steps only: compilation,
+evaluation and data generation are not counted."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from lra import data as tasks
+from lra.errors import UserError
+from lra.lab.sweep_plan import Run, run_config
+from lra.lab.sweep_run import duration, finished, measured_rate
+from lra.train import rundir
+
+DEFAULT_BENCH = os.path.join('runs', 'bench', 'benchmark.json')
+
+
+def _print(text):
+  print(text, flush=True)
+
+
+def load_benchmark(path: str | None) -> tuple | None:
+  """(file, ok rows) of a benchmark.py output (a --out folder or its
+  benchmark.json); the default file may be absent (then None)."""
+  given = path is not None
+  path = DEFAULT_BENCH if path is None else path
+  if os.path.isdir(path):
+    path = os.path.join(path, 'benchmark.json')
+  if not os.path.exists(path):
+    if given:
+      raise UserError(
+        f'--bench {path} does not exist; give a benchmark.py --out folder or '
+        'its benchmark.json.'
+      )
+    return None
+  rows = rundir.read_json(path)
+  if not isinstance(rows, list):
+    raise UserError(f'{path} is not a benchmark.py benchmark.json; rerun it.')
+  return path, [r for r in rows if r.get('status') == 'ok']
+
+
+def step_cost(
+  batch: int, length: int, layers: int, emb: int, qkv: int, mlp: int
+) -> int:
+  """A dense Transformer's multiply-adds per training step, up to a constant
+  factor: projections, feed-forward and exact attention per token."""
+  return (
+    batch * length * layers * (4 * emb * qkv + 2 * emb * mlp + 2 * length * qkv)
+  )
+
+
+def estimate(run: Run, config, bench: tuple | None) -> tuple:
+  """(steps/s, where it comes from) for the run, or (None, why not)."""
+  rate = measured_rate(run.workdir)
+  if rate:
+    return rate, 'measured in its workdir'
+  if config is None:
+    return None, 'its config does not parse'
+  if bench is None:
+    return None, 'no benchmark'
+  m = config.model
+  length = config.max_length + (1 if m.pooling == 'cls' else 0)
+  length *= tasks.TASKS[config.task].num_inputs
+  rows = [r for r in bench[1] if r['model'] == run.model]
+  if not rows:
+    return None, f'{run.model} is not in the benchmark'
+  row = min(rows, key=lambda r: abs(math.log(r['sequence_length'] / length)))
+  mc = row['model_config']
+  cost = step_cost(
+    row['batch_size'],
+    row['sequence_length'],
+    mc['num_layers'],
+    mc['emb_dim'],
+    mc['qkv_dim'],
+    mc['mlp_dim'],
+  )
+  ours = step_cost(
+    config.batch_size, length, m.num_layers, m.emb_dim, m.qkv_dim, m.mlp_dim
+  )
+  return (
+    row['steps_per_sec'] * cost / ours,
+    f'benchmark at length {row["length"]}, batch {row["batch_size"]}, scaled',
+  )
+
+
+def dry_run(runs: list[Run], bench_path: str | None) -> None:
+  """Prints each run's command and estimated training time; writes nothing."""
+  combos = {r.grid for r in runs}
+  gridded = len(combos) > 1 and all(r.grid for r in runs)
+  per = f' ({len(combos)} grid combinations each)' if gridded else ''
+  _print(f'{len(runs)} run{"s" * (len(runs) != 1)} planned{per}.')
+  bench = load_benchmark(bench_path)
+  if bench is None:
+    _print(
+      f'No benchmark found ({DEFAULT_BENCH}; --bench DIR gives one): the '
+      'time of a run that has not trained yet is unknown.'
+    )
+  else:
+    _print(
+      f'Estimates from {bench[0]} (benchmark.py steps/s at the nearest '
+      "length, scaled to each run's batch, length and width: rough) or from "
+      "a run's own metrics.jsonl; training steps only."
+    )
+  total, unknown, skipped = 0.0, 0, 0
+  for i, run in enumerate(runs, 1):
+    config, problem = run_config(run)
+    head = f'[{i}/{len(runs)}] {run.name}:'
+    if problem:
+      _print(f'{head} would fail: {problem}')
+      unknown += 1
+    elif finished(run, config):
+      _print(f'{head} finished, would be skipped')
+      skipped += 1
+    else:
+      left = config.num_train_steps - rundir.latest_step(run.workdir)
+      rate, source = estimate(run, config, bench)
+      if rate:
+        seconds = left / rate
+        total += seconds
+        _print(
+          f'{head} about {duration(seconds)} ({left} steps at '
+          f'{rate:.3g} steps/s; {source})'
+        )
+      else:
+        unknown += 1
+        _print(f'{head} {left} steps, time unknown ({source})')
+    _print(f'  {run.command()}')
+  counted = len(runs) - unknown - skipped
+  tail = [f'{skipped} finished'] if skipped else []
+  tail += [f'{unknown} unknown'] if unknown else []
+  _print(
+    f'Total: about {duration(total)} for {counted} '
+    f'run{"s" * (counted != 1)}'
+    + (f' ({", ".join(tail)})' if tail else '')
+    + '.'
+  )

@@ -1,0 +1,413 @@
+"""Running a sweep's plan (lra/lab/sweep.py): one train.py subprocess at a time,
+Ctrl-C / SIGTERM passed on to it once, each run's result read back from its
+workdir (lra/train/rundir.py), and OUT/sweep.json, OUT/table.md and OUT/runs.md
+written after every run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from lra.errors import UserError
+from lra.lab import paper, report, sweep_grid
+from lra.lab.sweep_plan import Run, run_config
+from lra.train import rundir
+from lra.train.metrics import read_rows, write_json
+
+
+# -------------------------------------------------------------- workdir
+def measured_rate(workdir: str) -> float | None:
+  """The median of metrics.jsonl's training steps/s, or None."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  try:
+    rows = read_rows(path)
+  except (OSError, ValueError):
+    return None
+  rates = [
+    r['steps_per_sec']
+    for r in rows
+    if r.get('split') == 'train' and r.get('steps_per_sec')
+  ]
+  return float(statistics.median(rates)) if rates else None
+
+
+def outcome(workdir: str) -> dict:
+  """The result fields of a sweep.json entry, from the workdir's files
+  (objective None: no results.json yet)."""
+  out = {
+    'steps_done': rundir.latest_step(workdir),
+    'steps_per_sec': measured_rate(workdir),
+    'objective': None,
+    'best_step': None,
+    'val_accuracy': None,
+    'test_accuracy': None,
+    'selection': None,
+    'val_loss': None,
+    'test_loss': None,
+    'test_token_accuracy': None,
+    'test_perplexity': None,
+    'test_splits': None,
+  }
+  results = rundir.read_results(workdir)
+  if (
+    results and results.get('last_step', out['steps_done']) < out['steps_done']
+  ):
+    results = None  # an earlier, shorter run's: training has gone on since
+  if not results:
+    return out
+  out['objective'] = results.get('objective', 'classify')
+  out['steps_done'] = max(out['steps_done'], results.get('last_step') or 0)
+  val = results.get('val') or {}
+  if rundir.is_lm_run(results):
+    # An LM objective (pretraining): no class accuracy; the checkpoint of
+    # the lowest validation loss, its loss, token accuracy, perplexity.
+    test = results.get('test') or {}
+    out.update(
+      best_step=results.get('best_step'),
+      val_loss=val.get('loss'),
+      test_loss=test.get('loss'),
+      test_token_accuracy=test.get('token_accuracy'),
+      test_perplexity=test.get('perplexity'),
+    )
+    return out
+  # The test accuracy the table reports: the best-validation checkpoint's
+  # (`test`) or the final step's (`test_last`), by lra/train/rundir.py's one rule
+  # (results.json `select`, else the selection of config.json).
+  config = rundir.read_config(workdir)
+  select = rundir.selection_of(results, config)
+  test = rundir.selected_test(results, config) or {}
+  out.update(
+    best_step=results.get('best_step'),
+    val_accuracy=val.get('accuracy'),
+    test_accuracy=test.get('accuracy'),
+    selection=select,
+    val_loss=val.get('loss'),
+    test_loss=test.get('loss'),
+    test_splits={
+      name: metrics.get('accuracy')
+      for name, metrics in (results.get('test_splits') or {}).items()
+    }
+    or None,
+  )
+  return out
+
+
+def finished(run: Run, config) -> bool:
+  """True when run.workdir holds a finished run of exactly `config`."""
+  results = rundir.read_results(run.workdir)
+  saved = rundir.read_config(run.workdir)
+  if config is None or not results or saved is None:
+    return False
+  steps = results.get('last_step') or rundir.latest_step(run.workdir)
+  if steps < config.num_train_steps:
+    return False
+  return rundir.without_changes(saved) == json.loads(config.to_json())
+
+
+def duration(seconds: float) -> str:
+  """'42s', '9m 21s', '2h 05m'."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f'{seconds}s'
+  if seconds < 3600:
+    return f'{seconds // 60}m {seconds % 60:02d}s'
+  return f'{seconds // 3600}h {seconds % 3600 // 60:02d}m'
+
+
+def _percent(x):
+  return '-' if x is None else f'{100 * x:.2f}%'
+
+
+def result_text(entry: dict) -> str:
+  parts = []
+  if entry.get('steps_per_sec'):
+    parts.append(f'{entry["steps_per_sec"]:.3g} steps/s')
+  if entry.get('objective') not in (None, *rundir.ACCURACY_OBJECTIVES):
+    text = (
+      f'{entry["objective"]}: best step {entry["best_step"]} (lowest val '
+      f'loss), val loss {entry["val_loss"]:.4f}, test loss '
+      f'{entry["test_loss"]:.4f}, test token accuracy '
+      f'{_percent(entry["test_token_accuracy"])}'
+    )
+    if entry.get('test_perplexity') is not None:
+      text += f', test perplexity {entry["test_perplexity"]:.3f}'
+    parts.append(text)
+  elif entry.get('test_accuracy') is not None:
+    parts.append(
+      f'best step {entry["best_step"]}, val {_percent(entry["val_accuracy"])}'
+      f', test {_percent(entry["test_accuracy"])}'
+    )
+  return ', '.join(parts)
+
+
+def error_line(stderr_tail: str, returncode: int) -> str:
+  """train.py's one-line error: its last `error:` line, else the last line
+  (a traceback's exception), else how it ended."""
+  lines = [ln.strip() for ln in re.split(r'[\r\n]', stderr_tail) if ln.strip()]
+  errors = [ln for ln in lines if ln.startswith('error:')]
+  if errors:
+    return errors[-1]
+  if returncode < 0:
+    try:
+      name = signal.Signals(-returncode).name
+    except ValueError:
+      name = f'signal {-returncode}'
+    return f'killed by {name}' + (
+      ' (out of memory?)' if -returncode == signal.SIGKILL else ''
+    )
+  return lines[-1] if lines else f'exit status {returncode}'
+
+
+class Sweep:
+  """Runs the planned runs one at a time; forwards Ctrl-C to the running one."""
+
+  def __init__(self, runs, out, command=''):
+    self.runs, self.out, self.command = runs, out, command
+    self.stops = 0
+    self.child = None
+    self.entries = {}
+    self.handled = set()  # runs this invocation reached
+    previous = rundir.read_json(os.path.join(out, 'sweep.json'))
+    if isinstance(previous, dict):
+      for entry in previous.get('runs', []):
+        self.entries[entry['name']] = entry
+
+  # ---- signals
+  def _on_signal(self, signum, frame):
+    del signum, frame
+    self.stops += 1
+    child = self.child
+    if child is None:
+      _say('\nStopping before the next run.\n')
+      return
+    if self.stops == 1:
+      _say(
+        '\nStopping: the current run saves a checkpoint and stops (Ctrl-C '
+        'again stops it at once); the same command resumes the sweep.\n'
+      )
+    self._forward(child)
+
+  @staticmethod
+  def _forward(child):
+    """One Ctrl-C to train.py and its workers (its own process group)."""
+    try:
+      os.killpg(child.pid, signal.SIGINT)
+    except ProcessLookupError:
+      pass
+
+  # ---- one run
+  def _train(self, run):
+    """Runs train.py; returns (exit status, wall seconds, stderr tail)."""
+    tail = bytearray()
+
+    def tee(stream):
+      for chunk in iter(lambda: os.read(stream.fileno(), 4096), b''):
+        os.write(sys.stderr.fileno(), chunk)
+        tail.extend(chunk)
+        del tail[:-16384]
+
+    start = time.monotonic()
+    # Its own process group: a terminal's Ctrl-C reaches the sweep alone,
+    # which passes it on once (two would stop train.py without saving).
+    child = subprocess.Popen(
+      [sys.executable, *run.argv()],
+      stderr=subprocess.PIPE,
+      process_group=0,
+    )
+    self.child = child
+    if self.stops:
+      self._forward(child)
+    reader = threading.Thread(target=tee, args=(child.stderr,), daemon=True)
+    reader.start()
+    returncode = child.wait()
+    reader.join()
+    child.stderr.close()
+    self.child = None
+    return returncode, time.monotonic() - start, tail.decode(errors='replace')
+
+  def _entry(self, run, status, **fields):
+    entry = {
+      'name': run.name,
+      'task': run.task,
+      'model': run.model,
+      'preset': run.preset,
+      'workdir': run.workdir,
+      'command': run.command(),
+      'status': status,
+      'exit_status': None,
+      'message': None,
+      'wall_seconds': (self.entries.get(run.name) or {}).get('wall_seconds'),
+      'num_train_steps': None,
+      'grid': dict(run.grid) if run.grid else None,
+    }
+    entry.update(outcome(run.workdir))
+    entry.update(fields)
+    self.entries[run.name] = entry
+    return entry
+
+  def _one(self, run, i, n):
+    head = f'[{i}/{n}] {run.name}:'
+    config, _ = run_config(run)
+    steps = None if config is None else config.num_train_steps
+    if finished(run, config):
+      entry = self._entry(run, 'skipped', num_train_steps=steps)
+      _print(f'{head} skipped, already finished ({result_text(entry)})')
+      return entry
+    if self.stops:  # Ctrl-C came while checking: start nothing
+      return None
+    source = run.pretraining
+    if source and self.entries.get(source.name, {}).get('status') not in (
+      'done',
+      'skipped',
+    ):
+      message = f'not run: its pretraining run {source.name} did not finish'
+      entry = self._entry(run, 'failed', message=message, num_train_steps=steps)
+      _print(f'{head} {message}')
+      return entry
+    _print(f'{head} running {run.command()}')
+    fresh = rundir.latest_step(run.workdir) == 0
+    returncode, wall, stderr = self._train(run)
+    earlier = None if fresh else self._earlier_wall(run)
+    total = wall + (earlier or 0.0)
+    if returncode == 0:
+      status = 'done'
+    elif self.stops or returncode == 130:  # 130: train.py saved and stopped
+      status = 'interrupted'
+    else:
+      status = 'failed'
+    message = None if status == 'done' else error_line(stderr, returncode)
+    entry = self._entry(
+      run,
+      status,
+      exit_status=returncode,
+      message=message,
+      wall_seconds=total,
+      num_train_steps=steps,
+    )
+    if status == 'done' and entry['objective'] is None:
+      entry.update(status='failed', message='train.py wrote no results.json')
+    took = f'{entry["status"]} in {duration(wall)}'
+    if entry['status'] == 'done':
+      _print(f'{head} {took}, {result_text(entry)}')
+    elif entry['status'] == 'interrupted':
+      _print(f'{head} {took} at step {entry["steps_done"]} ({message})')
+    else:
+      _print(f'{head} {took} (exit status {returncode}): {entry["message"]}')
+    return entry
+
+  def _earlier_wall(self, run):
+    return (self.entries.get(run.name) or {}).get('wall_seconds')
+
+  # ---- the sweep
+  def run(self):
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, self._on_signal) for s in signals}
+    try:
+      n = len(self.runs)
+      for i, run in enumerate(self.runs, 1):
+        if self.stops:
+          break
+        if self._one(run, i, n):
+          self.handled.add(run.name)
+        self.write(final=False)
+      for run in self.runs:  # not reached after an interrupt
+        if run.name not in self.handled:
+          config, _ = run_config(run)
+          status = 'skipped' if finished(run, config) else 'pending'
+          self._entry(run, status)
+      self.write()
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+    statuses = [self.entries[r.name]['status'] for r in self.runs]
+    counts = ', '.join(
+      f'{statuses.count(s)} {s}'
+      for s in ('done', 'skipped', 'failed', 'interrupted', 'pending')
+      if statuses.count(s)
+    )
+    tables = ' and table.md' if os.path.exists(self._table_path) else ''
+    _print(f'Sweep: {counts}; wrote {self.out}/sweep.json{tables}.')
+    if self.stops:
+      return 130
+    return 1 if 'failed' in statuses else 0
+
+  def write(self, final=True):
+    """sweep.json (every run of OUT), then table.md."""
+    os.makedirs(self.out, exist_ok=True)
+    planned = [r.name for r in self.runs]
+    names = planned + [n for n in self.entries if n not in planned]
+    rows = [self.entries[n] for n in names if n in self.entries]
+    write_json(
+      os.path.join(self.out, 'sweep.json'),
+      {'command': self.command, 'runs': rows},
+    )
+    try:
+      text = report.tables(self.out)
+    except UserError as e:
+      if final:
+        _print(f'No table: {e}')
+      return
+    with open(self._table_path, 'w') as f:
+      f.write(text + '\n')
+    with open(os.path.join(self.out, 'runs.md'), 'w') as f:
+      f.write(runs_markdown(rows) + '\n')
+    if any(r.get('grid') for r in rows):
+      with open(os.path.join(self.out, 'tuned.md'), 'w') as f:
+        f.write(sweep_grid.tuned_markdown(rows) + '\n')
+
+  @property
+  def _table_path(self):
+    return os.path.join(self.out, 'table.md')
+
+
+def _print(text):
+  print(text, flush=True)
+
+
+def _say(text):
+  """From a signal handler: unbuffered, so it cannot re-enter a write."""
+  os.write(sys.stderr.fileno(), text.encode())
+
+
+def _preset_text(entry):
+  """The preset, then the run's grid combination: 'small, lr=3e-3'."""
+  grid = sweep_grid.label(tuple((entry.get('grid') or {}).items()))
+  return ', '.join(p for p in (entry.get('preset'), grid) if p) or '-'
+
+
+def runs_markdown(entries: list[dict]) -> str:
+  """OUT/runs.md: one row per run of sweep.json (classification runs),
+  with its wall time and rate beside the LRA paper's Table 1 number."""
+  table1 = paper.paper()['table1_accuracy']
+  lines = [
+    '| task | model | preset | status | test | best val (step) | wall | '
+    'steps/s | LRA paper |',
+    '|---|---|---|---|---|---|---|---|---|',
+  ]
+  for e in entries:
+    if e.get('objective') not in (None, *rundir.ACCURACY_OBJECTIVES):
+      continue
+    paper_value = paper.paper_value(table1, e['model'], e['task'])
+    best = (
+      f'{_percent(e.get("val_accuracy"))} ({e.get("best_step")})'
+      if e.get('val_accuracy') is not None
+      else '-'
+    )
+    wall = e.get('wall_seconds')
+    rate = e.get('steps_per_sec')
+    lines.append(
+      f'| {e["task"]} | `{e["model"]}` | {_preset_text(e)} | '
+      f'{"done" if e["status"] == "skipped" else e["status"]} | '
+      f'{_percent(e.get("test_accuracy"))} | {best} | '
+      f'{duration(wall) if wall else "-"} | '
+      f'{f"{rate:.2f}" if rate else "-"} | '
+      f'{"-" if paper_value is None else f"{paper_value:.2f}"} |'
+    )
+  return '\n'.join(lines)

@@ -1,0 +1,189 @@
+"""Loss, train step and eval step, independent of the model zoo.
+
+The model is any nnx.Module called as `model(inputs, key=...)` returning
+(logits, aux) with aux['aux_loss'] a scalar. train.py builds it and hands it
+here; lra/ never imports models/.
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def weighted_loss_and_metrics(logits_BxC, labels_B, weights_B):
+  losses_B = optax.softmax_cross_entropy_with_integer_labels(
+    logits_BxC, labels_B
+  )
+  correct_B = (jnp.argmax(logits_BxC, -1) == labels_B).astype(jnp.float32)
+  return {
+    'loss_sum': jnp.sum(losses_B * weights_B),
+    'correct_sum': jnp.sum(correct_B * weights_B),
+    'count': jnp.sum(weights_B),
+  }
+
+
+def learning_rate_schedule(config):
+  """lr(step); the reference's rsqrt: base x min(1, s/w) / sqrt(max(s, w))."""
+  base, warmup = config.learning_rate, max(config.warmup_steps, 1)
+  if config.schedule == 'rsqrt':
+
+    def rsqrt(step):
+      step = jnp.asarray(step, jnp.float32)
+      return (
+        base
+        * jnp.minimum(1.0, step / warmup)
+        / jnp.sqrt(jnp.maximum(step, warmup))
+      )
+
+    return rsqrt
+  if config.schedule == 'cosine':
+    return optax.warmup_cosine_decay_schedule(
+      0.0, base, warmup, max(config.num_train_steps, warmup + 1)
+    )
+  if config.schedule == 'constant':
+    return optax.linear_schedule(0.0, base, warmup)
+  raise ValueError(config.schedule)
+
+
+def _clipped(tx, max_norm):
+  """`tx` after clipping to a global norm, with exactly `tx`'s state, so
+  turning clipping on or off keeps the optimizer state's structure (a run
+  can resume with another --config.grad_clip_norm)."""
+  clip = optax.clip_by_global_norm(max_norm)
+
+  def update(updates, state, params=None):
+    updates, _ = clip.update(updates, optax.EmptyState(), params)
+    return tx.update(updates, state, params)
+
+  return optax.GradientTransformation(tx.init, update)
+
+
+def make_optimizer(config):
+  """AdamW on the schedule, after optional clipping. Only closures depend on
+  the optimiser settings (learning rate, schedule, warmup, weight decay,
+  Adam's constants, clipping), never the state's structure, so a run resumes
+  with changed settings (lra.train.rundir.OPTIMISER_CHANGES)."""
+  tx = optax.adamw(
+    learning_rate_schedule(config),
+    b1=config.adam_b1,
+    b2=config.adam_b2,
+    eps=config.adam_eps,
+    weight_decay=config.weight_decay,
+  )
+  if config.grad_clip_norm:
+    tx = _clipped(tx, config.grad_clip_norm)
+  tx = optax.chain(tx)  # the structure runs saved before clipping moved
+  if config.grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
+  return tx
+
+
+def step_key(seed, step):
+  """The random key of training step `step` (counted from 1) of a run with
+  `seed`: fold_in(fold_in(key(seed), 1), step). The same bits eagerly and
+  inside jit (threefry is a pure function of its inputs)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 1), step)
+
+
+# The fields of a packed metrics row (make_train_step's packed_lr), in order.
+ROW = (
+  'loss',
+  'grad_norm',
+  'correct_sum',
+  'count',
+  'params_finite',
+  'learning_rate',
+)
+
+
+def make_train_step(
+  graphdef, prepare=None, seed=None, shardings=None, packed_lr=None
+):
+  """jit(state, batch, key=None) -> (state, metrics); the state is donated.
+  prepare(batch, key), when given, makes the model's batch from the host's
+  inside the step (lra.train.objectives.in_step: masked_lm's masks).
+
+  key None with a seed (train.py's loop): the step draws its own key,
+  step_key(seed, s) for its step s = the optimizer's update count + 1 (one
+  update per call, grad accumulation included), so the host neither computes
+  nor transfers a key per step and a resumed run meets the same keys.
+  Without a seed, key None is no key (no dropout).
+
+  shardings = (state sharding, batch sharding): jit(state, batch) with
+  these in_shardings, so the batch may be given as host (numpy) arrays: the
+  step's dispatch places them (one process only: host arrays are then the
+  global batch). train.py's loop does so on CPU, where a separate
+  device_put costs about a tenth of a small model's step.
+
+  packed_lr = (schedule, grad_accum_steps) (train.py's loop): the metrics
+  come back as one float32 vector in ROW order, a single
+  output to read instead of six, with the learning rate the optimiser
+  applies at this step, schedule(update count // grad_accum_steps), so the
+  host evaluates no schedule either (an eager evaluation is 0.4 ms on a
+  CPU)."""
+
+  def train_step(state, batch, key=None):
+    model, optimizer = nnx.merge(graphdef, state)
+    calls = optimizer.step[...]  # the updates before this one
+    if key is None and seed is not None:
+      key = step_key(seed, calls + 1)
+    if prepare is not None:
+      batch = prepare(batch, key)
+
+    def loss_fn(model):
+      logits, aux = model(batch['inputs'], key=key)
+      m = weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
+      loss = m['loss_sum'] / jnp.maximum(m['count'], 1) + aux['aux_loss']
+      return loss, m
+
+    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    metrics['loss'] = loss
+    metrics['grad_norm'] = optax.tree.norm(grads)
+    new_state = nnx.state((model, optimizer))
+    # An update can blow the parameters up with a finite loss (the next
+    # step's is not); train.py stops at the step whose update did it, so no
+    # checkpoint holds such parameters. Their squared norm overflows float32
+    # long before they are inf.
+    metrics['params_finite'] = jnp.isfinite(
+      optax.tree.norm(nnx.state(model, nnx.Param), squared=True)
+    )
+    if packed_lr is not None:
+      schedule, accum = packed_lr
+      metrics['learning_rate'] = schedule(calls // max(accum, 1))
+      metrics = jnp.stack([metrics[k].astype(jnp.float32) for k in ROW])
+    return new_state, metrics
+
+  if shardings is None:
+    return jax.jit(train_step, donate_argnums=0)
+  return jax.jit(
+    lambda state, batch: train_step(state, batch),
+    donate_argnums=0,
+    in_shardings=shardings,
+  )
+
+
+def make_eval_step(graphdef, prepare=None):
+  """jit(state, batch, key=None) -> summed metrics (exact over weights);
+  prepare as make_train_step's, with the batch's key (lra.train.objectives
+  eval_key)."""
+
+  @jax.jit
+  def eval_step(state, batch, key=None):
+    model, _ = nnx.merge(graphdef, state)
+    if prepare is not None:
+      batch = prepare(batch, key)
+    logits, _ = model(batch['inputs'], key=None)
+    return weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
+
+  return eval_step
+
+
+def finish(sums):
+  count = max(float(sums['count']), 1.0)
+  return {
+    'loss': float(sums['loss_sum']) / count,
+    'accuracy': float(sums['correct_sum']) / count,
+    'count': int(sums['count']),
+  }
