@@ -762,11 +762,27 @@ def run_cell(spec, on_compiled=None):
   return row
 
 
+# The project's root (above lra/): a cell's process imports from there.
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+
+
+def project_env():
+  """os.environ with the project's root first on PYTHONPATH."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+    filter(None, [ROOT, env.get('PYTHONPATH')])
+  )
+  return env
+
+
 def cell_command(spec, row_path):
   """The command of a cell's own process (this script with --cell_spec)."""
   return [
     sys.executable,
-    os.path.abspath(__file__),
+    '-m',
+    'lra.lab.benchmark',
     '--cell_spec=' + json.dumps(spec),
     '--cell_out=' + row_path,
   ]
@@ -807,6 +823,7 @@ def run_isolated(spec, out, index, timeout_s):
       stdout=log,
       stderr=subprocess.STDOUT,
       start_new_session=True,
+      env=project_env(),
     )
     try:
       proc.wait(timeout=timeout_s)

@@ -54,7 +54,9 @@ from lra.errors import UserError
 from lra.lab.paper import paper, paper_value
 from lra.train.metrics import write_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 REPORT = 'devicecheck.json'
 SECTIONS = (
   'reference_throughput',

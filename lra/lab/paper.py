@@ -22,7 +22,7 @@ import numpy as np
 # The table's task columns, in the paper's order.
 TASK_COLUMNS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
 PAPER_JSON = os.path.join(
-  os.path.dirname(__file__), 'reference', 'lra_paper.json'
+  os.path.dirname(os.path.dirname(__file__)), 'reference', 'lra_paper.json'
 )
 
 

@@ -17,7 +17,9 @@ from lra.errors import UserError
 from lra.lab import sweep_grid
 from lra.train import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 # A command-line argument that overrides a config field: train.py's.
 OVERRIDE = re.compile(r'^--?(no)?config\.')
 
