@@ -167,15 +167,17 @@ def import_graph(packages=('lra', 'models')):
   for name, path in files.items():
     edges = set()
     tree = ast.parse(path.read_text())
-    for imported, _ in imported_modules(path.read_text()):
-      if imported in files:
-        edges.add(imported)
+    submodule_imports = set()
     for node in ast.walk(tree):
       if isinstance(node, ast.ImportFrom) and node.level == 0:
-        for alias in node.names:
-          full = f'{node.module}.{alias.name}'
-          if full in files:
-            edges.add(full)
+        full = [f'{node.module}.{a.name}' for a in node.names]
+        edges.update(f for f in full if f in files)
+        if all(f in files for f in full):
+          # `from lra import data`: the package lra is already running.
+          submodule_imports.add((node.module, node.lineno))
+    for imported, line in imported_modules(path.read_text()):
+      if imported in files and (imported, line) not in submodule_imports:
+        edges.add(imported)
     # A package's __init__ is run by importing any module below it; an
     # edge to `a.b.c` also runs `a` and `a.b`, which are not cycles of
     # interest unless they import back: they are edges of their own.

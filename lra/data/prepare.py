@@ -25,8 +25,8 @@ import time
 
 from lra import data as tasks
 from lra.data import cache, download
+from lra.data.dirs import check_dir
 from lra.errors import UserError
-from lra.train import validate
 
 
 def _value(text):
@@ -127,7 +127,7 @@ def main(argv=None):
       data_dir, flag = args.data_dir, '--data_dir'
     else:
       data_dir, flag = tasks.default_data_dir(), 'LRA_DATA_DIR'
-    validate.check_dir(data_dir, flag, writable=False)
+    check_dir(data_dir, flag, writable=False)
     if args.download:
       got = download.download(
         args.task, data_dir, options, args.source, args.mirror
