@@ -90,7 +90,12 @@ def kill_after(
 def main(argv):
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+    print(
+      f'error: unexpected argument {argv[1]!r}; flags are written '
+      '--name=value (see --help).',
+      file=sys.stderr,
+    )
+    sys.exit(2)
   if config is None or not workdir:
     print(
       'error: give --config configs/<task>.py:<model> and --workdir DIR.',

@@ -38,11 +38,12 @@ from models.errors import UserError
 MODELS = {
   # The exact softmax attention as LRA measured it: einsum, explicit L x L.
   'transformer': {'name': 'softmax', 'implementation': 'einsum'},
-  # The same function through jax.nn.dot_product_attention. fused_kernel
-  # 'auto' asks for cuDNN flash attention on an NVIDIA GPU in bfloat16
-  # (--config.dtype=bfloat16), else XLA ('xla', 'cudnn': force one;
-  # models/attention/softmax.py). It has no attention dropout
-  # (MODEL_SETTINGS).
+  # The same function without the L x L matrix. fused_kernel 'auto' asks
+  # for cuDNN flash attention (jax.nn.dot_product_attention) on an NVIDIA
+  # GPU in bfloat16 (--config.dtype=bfloat16), else the blocked
+  # online-softmax path with its recomputing backward, O(L) memory
+  # (models/attention/blocked.py; 'xla', 'cudnn': force one). It has no
+  # attention dropout (MODEL_SETTINGS).
   'transformer_fused': {
     'name': 'softmax',
     'implementation': 'fused',

@@ -156,6 +156,10 @@ def get_config(arg=None):
     )
     c.batch_size = 64
     c.learning_rate = 3e-3
+    # Widths follow model.emb_dim (the width sweep's one flag, Zoology's
+    # Figure 2 x axis): qkv as wide, the feed-forward twice as wide.
+    m.qkv_dim = m.get_ref('emb_dim')
+    m.mlp_dim = m.get_ref('emb_dim') * 2
     for key, value in SMALL_MODEL_OVERRIDES.get(model_name, {}).items():
       c.update_from_flattened_dict({key: value})
     # The causal mask and the convolution order the tokens (Zoology's

@@ -77,9 +77,16 @@ def recurrence64(u, lengths, causal, d, x0, step):
 
 def head64(mixer, y_BxLxE, lengths):
   """The output head in float64 after the SSM output y (zero at padding):
-  exact GELU, then (glu) Linear E -> 2E and a * sigmoid(b), times the mask."""
-  erf = np.vectorize(math.erf)
-  h = 0.5 * y_BxLxE * (1.0 + erf(y_BxLxE / math.sqrt(2.0)))
+  GELU (exact, or its tanh form when mixer.gelu_approximate: the S5
+  authors' flax nn.gelu), then (glu) Linear E -> 2E and a * sigmoid(b),
+  times the mask."""
+  y = y_BxLxE
+  if mixer.gelu_approximate:
+    c = math.sqrt(2.0 / math.pi)
+    h = 0.5 * y * (1.0 + np.tanh(c * (y + 0.044715 * y**3)))
+  else:
+    erf = np.vectorize(math.erf)
+    h = 0.5 * y * (1.0 + erf(y / math.sqrt(2.0)))
   if mixer.out is not None:  # s4d always, s5 with glu
     h = h @ p64(mixer.out.kernel) + p64(mixer.out.bias)
   if mixer.activation == 'glu':

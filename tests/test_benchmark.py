@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from test_fidelity import write_run
 
-import benchmark
 from configs import models as model_configs
 from lra.errors import UserError
-from lra.lab import bench_report
+from lra.lab import bench_report, benchmark
 from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
 

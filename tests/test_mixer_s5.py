@@ -210,3 +210,19 @@ def test_dropout_uses_the_key():
 def test_bad_options_are_user_errors(options, words):
   with pytest.raises(UserError, match=words):
     sc.make(S5, emb_dim=E, **options)
+
+
+def test_gelu_is_the_authors_tanh_form_by_default():
+  """The S5 authors' flax nn.gelu is the tanh approximation (S4D's PyTorch
+  nn.GELU the exact form): the default head follows it, and the exact form
+  is an option that changes the output."""
+  from models.mixers.s4d import S4D  # pylint: disable=g-import-not-at-top
+
+  assert sc.make(S5, emb_dim=4, state_size=4).gelu_approximate is True
+  assert sc.make(S4D, emb_dim=4, state_size=4).gelu_approximate is False
+  x = sc.inputs(0, 2, 12, 4, scale=3.0)
+  tanh = sc.run(sc.make(S5, emb_dim=4, state_size=4), x)
+  exact = sc.run(
+    sc.make(S5, emb_dim=4, state_size=4, gelu_approximate=False), x
+  )
+  assert 1e-6 < np.max(np.abs(tanh - exact)) < 1e-1

@@ -98,7 +98,10 @@ def test_command_writes_table_and_plot(sweeps, tmp_path):
   assert proc.returncode == 0, proc.stderr
   assert os.path.getsize(os.path.join(out, 'mqar.png')) > 10_000
   with open(os.path.join(out, 'mqar.md')) as f:
-    assert len(f.read().splitlines()) == 2 + 4
+    text = f.read()
+  # The per-pairs table: a header, a rule and 4 rows, after the width table.
+  assert text.count('| `transformer` |') == 2
+  assert len([ln for ln in text.splitlines() if ln.startswith('| `')]) == 3 + 4
 
 
 def test_same_comparison_twice_and_no_sweep_are_one_sentence(sweeps, tmp_path):
@@ -106,3 +109,49 @@ def test_same_comparison_twice_and_no_sweep_are_one_sentence(sweeps, tmp_path):
     mqar_report.rows_of([sweeps[1], sweeps[1]])
   with pytest.raises(UserError, match='no sweep.json in it'):
     mqar_report.rows_of([str(tmp_path)])
+
+
+def test_width_axis_tunes_each_width_and_plots(tmp_path):
+  """A grid over model.emb_dim x learning_rate: each width tuned on its own
+  (Zoology's best learning rate per point), one table per setting, the
+  width plot and the curves plot written."""
+  folder = str(tmp_path / 'sw')
+  entries = []
+  for width, lr, val, test in [
+    (32, '1e-3', 0.5, 0.45),
+    (32, '1e-2', 0.6, 0.55),
+    (64, '1e-3', 0.95, 0.93),
+    (64, '1e-2', 0.2, 0.2),
+  ]:
+    workdir = os.path.join(folder, f'w{width}-{lr}')
+    os.makedirs(workdir)
+    config = {
+      'learning_rate': float(lr),
+      'data': {'form': 'causal', 'seq_len': 64, 'num_kv_pairs': 8},
+      'model': {'emb_dim': width},
+    }
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      json.dump(config, f)
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+      for step, acc in ((100, val / 2), (200, val)):
+        f.write(json.dumps({'step': step, 'split': 'val', 'accuracy': acc}))
+        f.write('\n')
+    entries.append(
+      dict(
+        task='mqar', model='mamba', preset='small', workdir=workdir,
+        grid={'model.emb_dim': str(width), 'learning_rate': lr},
+        status='done', val_accuracy=val, val_loss=1 - val,
+        test_accuracy=test, test_splits={},
+      )
+    )  # fmt: skip
+  with open(os.path.join(folder, 'sweep.json'), 'w') as f:
+    json.dump({'command': 'x', 'runs': entries}, f)
+  rows = mqar_report.rows_of([folder])
+  by = {r['width']: r for r in rows}
+  assert by[32]['choice'] == 'learning_rate=1e-2'
+  assert by[64]['choice'] == 'learning_rate=1e-3'
+  table = mqar_report.width_markdown(rows)
+  assert '| `mamba` | 55.0 (0.01) | 93.0 (0.001) |' in table
+  paths = mqar_report.report([folder], str(tmp_path / 'out'))
+  for path in paths:
+    assert os.path.getsize(path) > 0, path

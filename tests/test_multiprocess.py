@@ -124,7 +124,7 @@ def test_two_processes_train_and_resume_like_one(two_process_run, smoke_run):
   # The final parameters and optimizer state, restored here (4 devices).
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from train import create_state  # pylint: disable=g-import-not-at-top
+  from lra.train.build import create_state  # pylint: disable=g-import-not-at-top
 
   config = ml_collections.ConfigDict(
     json.load(open(os.path.join(workdir, 'config.json')))

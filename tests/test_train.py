@@ -20,8 +20,8 @@ from lra import data as tasks
 from lra.errors import UserError
 from lra.lab.report import accuracy_table
 from lra.train import batching, rundir, runtime, steps
+from lra.train.build import create_state
 from lra.train.metrics import read_rows
-from train import create_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = 'configs/listops.py:transformer,smoke'

@@ -1093,7 +1093,12 @@ def _check_config_flags(f):
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+    print(
+      f'error: unexpected argument {argv[1]!r}; flags are written '
+      '--name=value (see --help).',
+      file=sys.stderr,
+    )
+    sys.exit(2)
   f = flags.FLAGS
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)

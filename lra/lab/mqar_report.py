@@ -48,6 +48,22 @@ def _split_shape(name):
   return int(length), int(pairs)
 
 
+# The grid key of the width axis (Zoology's Figure 2 x axis).
+WIDTH = 'model.emb_dim'
+
+
+def tuned_per_width(entries: list[dict]) -> list[dict]:
+  """sweep_grid.tuned_rows, once per value of the width grid (each width
+  tuned over the rest of the grid, as Zoology picks the best learning rate
+  at each point of its width curves); one pass without that grid key."""
+  widths = {}
+  for e in entries:
+    widths.setdefault(e['grid'].get(WIDTH), []).append(e)
+  return [
+    row for group in widths.values() for row in sweep_grid.tuned_rows(group)
+  ]
+
+
 def rows_of(sweep_dirs: list[str]) -> list[dict]:
   """One dict per (model, form, width) of the sweeps' mqar runs (tuned by
   the grid when there is one): model, form, width, choice, complete,
@@ -65,17 +81,24 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
       for e in sweep.get('runs', [])
       if e.get('task') == 'mqar'
     ]
-    for tuned in sweep_grid.tuned_rows(entries):
+    for tuned in tuned_per_width(entries):
       best = tuned['best']
       if best is None:
         continue
       config = rundir.read_config(best['workdir']) or {}
       data, model = config.get('data', {}), config.get('model', {})
-      key = (tuned['model'], data.get('form'), model.get('emb_dim'))
+      key = (
+        tuned['model'],
+        data.get('form'),
+        model.get('emb_dim'),
+        data.get('seq_len'),
+        data.get('num_kv_pairs'),
+      )
       if key in seen:
         raise UserError(
-          f'{key[0]} ({key[1]}, width {key[2]}) is in both {seen[key]} and '
-          f'{folder}; give each comparison once in --sweeps.'
+          f'{key[0]} ({key[1]}, width {key[2]}, {key[3]}:{key[4]}) is in '
+          f'both {seen[key]} and {folder}; give each comparison once in '
+          '--sweeps.'
         )
       seen[key] = folder
       length, pairs = data.get('seq_len'), data.get('num_kv_pairs')
@@ -94,7 +117,12 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           model=tuned['model'],
           form=data.get('form'),
           width=model.get('emb_dim'),
-          choice=sweep_grid.label(tuple(best['grid'].items())),
+          choice=sweep_grid.label(
+            tuple((k, v) for k, v in best['grid'].items() if k != WIDTH)
+          ),
+          learning_rate=(config.get('learning_rate')),
+          workdir=best['workdir'],
+          pairs=pairs,
           complete=tuned['complete'],
           finished=sum(
             e.get('status') in ('done', 'skipped') for e in tuned['runs']
@@ -109,7 +137,15 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
       f'--sweeps {",".join(sweep_dirs)}: no finished mqar run in them; run '
       'python -m lra.lab.sweep --tasks mqar ... first.'
     )
-  return sorted(rows, key=lambda r: (r['width'] or 0, r['form'] or ''))
+  return sorted(
+    rows,
+    key=lambda r: (
+      r['seq_len'] or 0,
+      r['pairs'] or 0,
+      r['width'] or 0,
+      r['form'] or '',
+    ),
+  )
 
 
 def markdown(rows: list[dict]) -> str:
@@ -144,15 +180,17 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str) -> None:
+  """Accuracy against the number of pairs at the training length (the
+  first training setting's rows), one panel per width, one line per model."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
+  first = settings_of(rows)[0]
+  rows = [r for r in rows if (r['seq_len'], r['pairs']) == first]
   widths = sorted({r['width'] for r in rows})
-  models = list(dict.fromkeys(r['model'] for r in rows))
-  colours = plt.get_cmap('tab20')
-  markers = 'osD^v<>ph*'
+  style = _styles(list(dict.fromkeys(_label(r) for r in rows)))
   fig, axes = plt.subplots(
     1, len(widths), figsize=(5.5 * len(widths) + 2.5, 4.5), squeeze=False
   )
@@ -160,26 +198,20 @@ def plot(rows: list[dict], path: str) -> None:
     for r in rows:
       if r['width'] != width or not r['curve']:
         continue
-      i = models.index(r['model'])
       xs = list(r['curve'])
       ys = [100 * (r['curve'][x] or 0.0) for x in xs]
-      name = r['model'] + (' (bi)' if r['form'] == 'bidirectional' else '')
+      colour, marker, line = style[_label(r)]
       ax.plot(
-        xs,
-        ys,
-        marker=markers[i % len(markers)],
-        color=colours(i % 20),
-        linestyle='--' if r['form'] == 'bidirectional' else '-',
-        label=name,
+        xs, ys, marker=marker, color=colour, linestyle=line, label=_label(r)
       )
     ax.set_xscale('log', base=2)
-    ax.set_xlabel(f'key-value pairs (length {rows[0]["seq_len"]})')
+    ax.set_xlabel(f'key-value pairs (length {first[0]})')
     ax.set_ylabel('test accuracy (%)')
     ax.set_ylim(-2, 102)
     ax.set_title(f'MQAR, width {width}')
     ax.grid(True, alpha=0.3)
-  handles, labels = axes[0][-1].get_legend_handles_labels()
-  for ax in axes[0][:-1]:
+  handles, labels = [], []
+  for ax in axes[0]:
     for h, lab in zip(*ax.get_legend_handles_labels()):
       if lab not in labels:
         handles.append(h)
@@ -190,14 +222,193 @@ def plot(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def report(sweep_dirs: list[str], out: str) -> tuple[str, str]:
+def settings_of(rows):
+  """The (seq_len, pairs) training settings of the rows, sorted."""
+  return sorted({(r['seq_len'], r['pairs']) for r in rows})
+
+
+def width_markdown(rows: list[dict]) -> str:
+  """Per training setting, one row per model: the test accuracy at the
+  training shape at each width, with the learning rate chosen there on
+  validation; `*` marks a point whose grid has not all finished."""
+  out = []
+  for length, pairs in settings_of(rows):
+    at = [r for r in rows if (r['seq_len'], r['pairs']) == (length, pairs)]
+    widths = sorted({r['width'] for r in at})
+    out.append(
+      f'Length {length}, {pairs} key-value pairs: test accuracy (%)'
+      ' at each width (learning rate chosen on validation).\n'
+    )
+    head = ['model'] + [f'width {w}' for w in widths]
+    out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for name in dict.fromkeys(_label(r) for r in at):
+      cells = [f'`{name}`']
+      for w in widths:
+        r = next((r for r in at if _label(r) == name and r['width'] == w), None)
+        if r is None:
+          cells.append('-')
+          continue
+        lr = r['learning_rate']
+        cell = (
+          f'{_percent(r["curve"].get(pairs))} ({lr:g})'
+          if lr
+          else _percent(r['curve'].get(pairs))
+        )
+        cells.append(cell + ('' if r['complete'] else '*'))
+      out.append('| ' + ' | '.join(cells) + ' |')
+    out.append('')
+  return '\n'.join(out)
+
+
+def _label(r):
+  return r['model'] + (' (bi)' if r['form'] == 'bidirectional' else '')
+
+
+def _styles(names):
+  """{name: (colour, marker, linestyle)}: a qualitative palette of 10
+  colours, then the same colours with another marker and line style."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  colours = matplotlib.colormaps['tab10']
+  markers, lines = 'osD^vP*Xh<', ('-', '--', ':')
+  return {
+    n: (
+      colours(i % 10),
+      markers[(i // 10 + i) % len(markers)],
+      lines[i // 10 % 3],
+    )
+    for i, n in enumerate(names)
+  }
+
+
+def width_plot(rows: list[dict], path: str) -> None:
+  """Zoology's Figure 2 form: per training setting a panel of test
+  accuracy against model width (log2 axis), one line per model."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  settings = settings_of(rows)
+  names = list(dict.fromkeys(_label(r) for r in rows))
+  style = _styles(names)
+  fig, axes = plt.subplots(
+    1, len(settings), figsize=(5 * len(settings) + 3, 4.6), squeeze=False
+  )
+  for ax, (length, pairs) in zip(axes[0], settings):
+    for name in names:
+      pts = sorted(
+        (r['width'], 100 * (r['curve'].get(pairs) or 0.0))
+        for r in rows
+        if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
+      )
+      if not pts:
+        continue
+      colour, marker, line = style[name]
+      ax.plot(
+        *zip(*pts),
+        marker=marker,
+        color=colour,
+        linestyle=line,
+        label=name,
+        markersize=6,
+      )
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('model width (emb_dim)')
+    ax.set_ylabel('test accuracy (%)')
+    ax.set_ylim(-2, 102)
+    ax.set_title(f'MQAR: length {length}, {pairs} pairs')
+    ax.grid(True, alpha=0.3)
+  handles, labels = [], []
+  for ax in axes[0]:
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+      if lab not in labels:
+        handles.append(h)
+        labels.append(lab)
+  fig.legend(handles, labels, loc='center right', fontsize=9)
+  fig.tight_layout(rect=(0, 0, 1 - 2.6 / fig.get_size_inches()[0], 1))
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def curves_plot(rows: list[dict], path: str) -> None:
+  """Validation accuracy against step of each model's chosen run at its
+  widest width, one panel per setting: whether the best point had stopped
+  rising when training ended (raw points faint, a running mean on top)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
+
+  settings = settings_of(rows)
+  names = list(dict.fromkeys(_label(r) for r in rows))
+  style = _styles(names)
+  fig, axes = plt.subplots(
+    1, len(settings), figsize=(5 * len(settings) + 3, 4.6), squeeze=False
+  )
+  for ax, (length, pairs) in zip(axes[0], settings):
+    for name in names:
+      mine = [
+        r
+        for r in rows
+        if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
+      ]
+      if not mine:
+        continue
+      r = max(mine, key=lambda r: r['width'] or 0)
+      log = os.path.join(r['workdir'], 'metrics.jsonl')
+      vals = [
+        (row['step'], 100 * row['accuracy'])
+        for row in (read_rows(log) if os.path.exists(log) else [])
+        if row.get('split') == 'val' and 'accuracy' in row
+      ]
+      if not vals:
+        continue
+      colour, marker, line = style[name]
+      ax.plot(
+        *zip(*vals),
+        marker=marker,
+        color=colour,
+        linestyle=line,
+        label=f'{name} (w{r["width"]})',
+        markersize=4,
+      )
+    ax.set_xlabel('training step')
+    ax.set_ylabel('validation accuracy (%)')
+    ax.set_ylim(-2, 102)
+    ax.set_title(f'MQAR: length {length}, {pairs} pairs (widest width)')
+    ax.grid(True, alpha=0.3)
+  handles, labels = [], []
+  for ax in axes[0]:
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+      if lab not in labels:
+        handles.append(h)
+        labels.append(lab)
+  fig.legend(handles, labels, loc='center right', fontsize=9)
+  fig.tight_layout(rect=(0, 0, 1 - 2.9 / fig.get_size_inches()[0], 1))
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def report(sweep_dirs: list[str], out: str) -> tuple[str, ...]:
+  """Writes mqar.md (the width tables, then every row's curve over pairs),
+  mqar.png (accuracy against pairs), mqar_width.png (accuracy against
+  width, Zoology's Figure 2 form) and mqar_curves.png (validation
+  curves); returns their paths."""
   rows = rows_of(sweep_dirs)
   os.makedirs(out, exist_ok=True)
-  md, png = os.path.join(out, 'mqar.md'), os.path.join(out, 'mqar.png')
-  with open(md, 'w') as f:
-    f.write(markdown(rows) + '\n')
-  plot(rows, png)
-  return md, png
+  paths = [
+    os.path.join(out, n)
+    for n in ('mqar.md', 'mqar.png', 'mqar_width.png', 'mqar_curves.png')
+  ]
+  with open(paths[0], 'w') as f:
+    f.write(width_markdown(rows) + '\n' + markdown(rows) + '\n')
+  plot(rows, paths[1])
+  width_plot(rows, paths[2])
+  curves_plot(rows, paths[3])
+  return tuple(paths)
 
 
 def main(argv: list[str]) -> None:
@@ -210,8 +421,7 @@ def main(argv: list[str]) -> None:
         'runs/mqar64,runs/mqar32 --out docs/mqar.'
       )
     dirs = [d for d in FLAGS.sweeps.split(',') if d]
-    md, png = report(dirs, FLAGS.out)
-    print(f'Wrote {md} and {png}.')
+    print('Wrote ' + ', '.join(report(dirs, FLAGS.out)) + '.')
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)

@@ -10,6 +10,7 @@ a ConfigRules from the entry point (train.py builds it from configs/models).
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -36,6 +37,7 @@ from lra.train import (
 )
 from lra.train.build import at_length, create_state, init_from
 from lra.train.checkpoints import CheckpointError, Checkpoints, saved_steps
+from lra.train.lock import workdir_lock
 from lra.train.metrics import MetricsLog, TensorBoard, selection
 from lra.train.prefetch import Prefetcher
 from lra.train.progress import NonFiniteLoss, Progress
@@ -577,6 +579,8 @@ def validate_and_keep_best(t, state, step, best, log, progress, ckpt):
   the best checkpoint when it is better; returns the best record."""
   progress.flush()
   val = t.evaluate(state, 'val')
+  if not math.isfinite(val['loss']):  # never kept, never selected
+    raise NonFiniteLoss(step, 'the validation loss is not finite')
   log.write(step, 'val', **val)
   progress.write(f'step {step}: val {objectives.describe(val, t.config)}')
   if objectives.better(val, best, t.config):
@@ -606,7 +610,13 @@ def train_and_evaluate(
   when given, is called after each step (tests: a kill at a chosen step)."""
   select = check_inputs(config, workdir, rules)
   t, changes = make_trainer(config, workdir, rules)
+  with workdir_lock(workdir, processes.is_primary()):
+    return run(t, workdir, select, changes, rules, on_step)
 
+
+def run(t, workdir, select, changes, rules, on_step):
+  """The run of train_and_evaluate, under the workdir's lock."""
+  config = t.config
   # --------------------------------------------------------------- restore
   start, state, best, init_step, changes, ckpt = restore_or_init(
     config, workdir, t.state, changes

@@ -6,6 +6,7 @@ selection that decides which of its test numbers a run reports."""
 import json
 import numbers
 import os
+import sys
 import time
 
 from lra.errors import UserError
@@ -203,8 +204,28 @@ class StepTimer:
 
 
 def read_rows(path):
+  """The rows of a metrics.jsonl file. A line that is not a JSON object (a
+  torn last line after a crash mid-write) is skipped with one warning."""
+  rows, torn = [], []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except ValueError:
+        row = None
+      if isinstance(row, dict) and 'step' in row:
+        rows.append(row)
+      else:
+        torn.append(number)
+  if torn:
+    print(
+      f'warning: {path}: skipped {len(torn)} damaged line(s) (line '
+      f'{torn[0]}{", ..." if len(torn) > 1 else ""}), e.g. a write cut short.',
+      file=sys.stderr,
+    )
+  return rows
 
 
 def write_json(path, obj):

@@ -36,6 +36,15 @@ class NonFiniteLoss(Exception):
   """args: (step, what went wrong)."""
 
 
+def _what_diverged(m, i):
+  """The clause naming what is not finite in row i of the columns m."""
+  if not np.isfinite(m['loss'][i]):
+    return 'the loss is not finite'
+  if not np.isfinite(m['grad_norm'][i]):
+    return 'the gradient norm is not finite'
+  return 'the parameters diverged (their norm overflows)'
+
+
 class Progress:
   """Pending rows, the flush, the bar and the timer of one training run."""
 
@@ -107,15 +116,14 @@ class Progress:
     steps = [s for s, _ in group]
     values = fetched([m for _, m in group])
     m = dict(zip(ROW, values.T.copy()))  # a contiguous column per field
-    bad = ~np.isfinite(m['loss']) | (m['params_finite'] == 0)
+    bad = (
+      ~np.isfinite(m['loss'])
+      | ~np.isfinite(m['grad_norm'])
+      | (m['params_finite'] == 0)
+    )
     if bad.any():
       i = int(np.argmax(bad))
-      raise NonFiniteLoss(
-        steps[i],
-        'the loss is not finite'
-        if not np.isfinite(m['loss'][i])
-        else 'the parameters diverged (their norm overflows)',
-      )
+      raise NonFiniteLoss(steps[i], _what_diverged(m, i))
     step = steps[-1]
     config = self.config
     rate = self.timer.rate(step)  # the steps' results are back: they are done

@@ -9,6 +9,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from tqdm import tqdm
 
 from lra import data as tasks
@@ -67,6 +68,13 @@ def load_data(config, task, progress=True):
     try:
       path = task.ensure_prepared(data_dir, options, progress)
       splits = {s: cache.load_split(path, s) for s in cache.SPLITS}
+      check_ranges(
+        task,
+        options,
+        splits,
+        path,
+        prepare.command(task.name, data_dir, options),
+      )
       return task.transform(splits, options)
     except cache.CacheError as e:
       if not task.generated or attempt:
@@ -82,6 +90,44 @@ def load_data(config, task, progress=True):
         f'({e.strerror}: {e.filename}); set {flag} to a directory you can '
         'write to.'
       ) from None
+
+
+def check_ranges(task, options, splits, path, rebuild):
+  """UserError naming the file and the first bad record when a cached
+  split holds a token id outside the vocabulary or a label outside the
+  classes (a cache written by other code, or damaged in a way its checksum
+  does not see): such data would otherwise show up as a non-finite loss.
+  Labels below 0 are the ignore value of a per-position task."""
+  vocab = task.vocab_size_for(options)
+  classes = vocab if task.per_position else task.num_classes
+  for split, (inputs, labels) in splits.items():
+    for name, array, low, high in (
+      ('token id', inputs, 0, vocab),
+      ('label', labels, None if task.per_position else 0, classes),
+    ):
+      a = np.asarray(array)
+      if not a.size:
+        continue
+      lo, hi = a.min(), a.max()
+      bad = (hi >= high) or (low is not None and lo < low)
+      if not bad:
+        continue
+      flat = a.reshape(len(a), -1)
+      rows = (flat >= high).any(axis=1)
+      if low is not None:
+        rows |= (flat < low).any(axis=1)
+      i = int(np.argmax(rows))
+      row = flat[i]
+      value = row[(row >= high) | ((row < low) if low is not None else False)][
+        0
+      ]
+      kind = 'inputs' if name == 'token id' else 'labels'
+      raise UserError(
+        f'{os.path.join(path, f"{split}_{kind}.npy")}: record {i} has '
+        f'{name} {int(value)}, outside [{0 if low is not None else "-"}, '
+        f'{high}) for this task; rebuild the cache (`{rebuild} --force`) or '
+        'check the data options.'
+      )
 
 
 def data_source(config, task):

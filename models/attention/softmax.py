@@ -2,33 +2,43 @@
 
 Vaswani et al., "Attention Is All You Need" (arXiv 1706.03762).
   out = softmax(q k^T / sqrt(D) + mask) v
-Time O(L M D), memory O(L M) per head for the einsum path; the fused path
-(`jax.nn.dot_product_attention`) uses cuDNN's flash attention (O(L) memory)
-where `fused_kernel` (below) asks for it, else XLA's attention. It is its own
-exact limit.
+Time O(L M D) on every path. Memory O(L M) per head for the einsum path;
+O(L) for the blocked path and for the fused one, which is cuDNN's flash
+attention where `fused_kernel` (below) asks for it and the blocked path
+everywhere else. It is its own exact limit.
 
-Two implementations of one function:
-  'einsum': explicit logits, as LRA measured it; supports attention dropout.
-  'fused':  jax.nn.dot_product_attention; no attention dropout.
+Three implementations of one function:
+  'einsum':  explicit logits, as LRA measured it; supports attention dropout.
+  'fused':   cuDNN's flash attention (jax.nn.dot_product_attention) where it
+             runs, else 'blocked'; no attention dropout.
+  'blocked': the blocked online softmax of models/attention/blocked.py
+             (Rabe & Staats, arXiv 2112.05682; FlashAttention-2's backward)
+             on every backend: queries and keys in blocks, float32 running
+             max and sum, a backward pass that recomputes each block's
+             probabilities from the saved logsumexp; no attention dropout.
 
 The fused path's kernel (`fused_kernel`): jax.nn.dot_product_attention left
 to itself (implementation=None) writes attention out as XLA ops, L x M
 logits included, on every backend (measured on an H200: no cuDNN call in
-the compiled step). So 'auto' (the default) asks for cuDNN's flash attention
-by name where it exists: an NVIDIA GPU, bfloat16/float16 compute and a head
-dim of at most 128; elsewhere 'xla'. 'cudnn' insists (one sentence where it
-cannot run), 'xla' never uses it. cuDNN wants a head dim that is a multiple
-of 8: any other D (Pathfinder's reference, qkv 16 over 4 heads: D = 4) is
-zero-padded to the next multiple Dp (`cudnn_attention`) with the scale
-1/sqrt(D) of the true D; zero q/k columns add nothing to q.k and zero v
-columns give zero output columns, cut off again, so this is exact (values
-and gradients), at Dp/D times the q.k and v work (2x at D = 4). Only the
-cuDNN request pads: XLA's kernel takes any D, and padding there would only
-add work. cuDNN takes key padding as per-example lengths, so the real keys
-must be a prefix (right padding, as every task pads); a mask that is not
-one (Pathfinder with data.black_is_padding) turns the output to NaN rather
-than into a silently different attention, and build_model
-(models/classifier.py) refuses that combination before training.
+the compiled step; on CPU it keeps and copies the [B, H, L, M]
+probabilities, 4.1 GB at L = 4K, B = 2, H = 4, forward + backward). So
+'auto' (the default) asks for cuDNN's flash attention by name where it
+exists: an NVIDIA GPU, bfloat16/float16 compute and a head dim of at most
+128; elsewhere 'xla', which is the blocked path (an XLA program of O(L)
+memory, faster than the einsum path on CPU). 'cudnn' insists (one sentence
+where it cannot run), 'xla' never uses it. cuDNN wants a head dim that is
+a multiple of 8: any other D (Pathfinder's reference, qkv 16 over 4 heads:
+D = 4) is zero-padded to the next multiple Dp (`cudnn_attention`) with the
+scale 1/sqrt(D) of the true D; zero q/k columns add nothing to q.k and
+zero v columns give zero output columns, cut off again, so this is exact
+(values and gradients), at Dp/D times the q.k and v work (2x at D = 4).
+Only the cuDNN request pads: the blocked path takes any D, and padding
+there would only add work. cuDNN takes key padding as per-example lengths,
+so the real keys must be a prefix (right padding, as every task pads); a
+mask that is not one (Pathfinder with data.black_is_padding) turns the
+output to NaN rather than into a silently different attention, and
+build_model (models/classifier.py) refuses that combination before
+training.
 
 `relative` (set by `model.positions='relative'`, einsum only): the logits
 are Transformer-XL's relative ones, (q_i + u).k_j + (q_i + v).W_R R_(i-j)
@@ -39,11 +49,12 @@ import jax
 import jax.numpy as jnp
 
 from models.attention.base import AttentionCore, dropout, visible_any_BxL
+from models.attention.blocked import blocked_attention
 from models.attention.registry import register
 from models.attention.relative import RelativePositions
 from models.errors import UserError
 
-IMPLEMENTATIONS = ('einsum', 'fused')
+IMPLEMENTATIONS = ('einsum', 'fused', 'blocked')
 FUSED_KERNELS = ('auto', 'xla', 'cudnn')
 HALF = (jnp.bfloat16, jnp.float16)
 
@@ -103,14 +114,14 @@ class SoftmaxAttention(AttentionCore):
         f'Unknown softmax implementation {implementation!r}; use one of '
         f'{", ".join(IMPLEMENTATIONS)}.'
       )
-    if implementation == 'fused' and dropout_rate > 0:
+    if implementation != 'einsum' and dropout_rate > 0:
       raise UserError(
-        'The fused softmax path has no attention dropout; set '
+        f'The {implementation} softmax path has no attention dropout; set '
         '--config.model.attention_dropout_rate=0.'
       )
-    if relative and implementation == 'fused':
+    if relative and implementation != 'einsum':
       raise UserError(
-        'The fused softmax path has no relative positions; set '
+        f'The {implementation} softmax path has no relative positions; set '
         '--config.model.attention.implementation=einsum or another '
         '--config.model.positions.'
       )
@@ -134,6 +145,8 @@ class SoftmaxAttention(AttentionCore):
     visible_BxL = visible_any_BxL(mask, b, length, m)
     if self.implementation == 'fused':
       out_BxLxHxD = self._fused(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask)
+    elif self.implementation == 'blocked':
+      out_BxLxHxD = self._blocked(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask)
     else:
       out_BxLxHxD = self._einsum(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, rngs)
     out_BxLxHxD = jnp.where(visible_BxL[:, :, None, None], out_BxLxHxD, 0)
@@ -164,15 +177,15 @@ class SoftmaxAttention(AttentionCore):
   def _fused(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask):
     if self.kernel == 'cudnn':
       return self._cudnn(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask)
-    padding = None
-    if mask.key_padding_BxM is not None:
-      padding = mask.key_padding_BxM[:, None, None, :]
-    return jax.nn.dot_product_attention(
+    return self._blocked(q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask)
+
+  def _blocked(self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask):
+    return blocked_attention(
       q_BxLxHxD,
       k_BxMxHxD,
       v_BxMxHxD,
-      mask=padding,
-      is_causal=mask.causal,
+      mask.key_padding_BxM,
+      causal=mask.causal,
       scale=self.scale,
     )
 

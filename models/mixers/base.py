@@ -103,11 +103,14 @@ def dropout(x, rate, key):
 
 
 def ssm_output(mixer, y_BxLxE, x_BxLxE, mask, rngs):
-  """The S4/S5 layer's head after its SSM (s4d, s5): GELU, dropout, then
+  """The S4/S5 layer's head after its SSM (s4d, s5): GELU (the tanh form
+  when mixer.gelu_approximate, as the S5 authors' flax nn.gelu; else the
+  exact erf form, as S4D's PyTorch nn.GELU), dropout, then
   mixer.out (a Linear, or None for none) and, with activation 'glu', the
   GLU of its two halves; padded positions zeroed, in x's dtype."""
   b, length, _ = x_BxLxE.shape
-  h = dropout(nnx.gelu(y_BxLxE, approximate=False), mixer.dropout_rate, rngs)
+  h = nnx.gelu(y_BxLxE, approximate=mixer.gelu_approximate)
+  h = dropout(h, mixer.dropout_rate, rngs)
   if mixer.out is not None:
     h = mixer.out(h.astype(mixer.dtype))  # [B, L, E] or [B, L, 2E]
   if mixer.activation == 'glu':
@@ -163,3 +166,17 @@ def numpy_rng(rngs):
 def f32_param(value):
   """An nnx.Param holding `value` (numpy or jax) as float32."""
   return nnx.Param(jnp.asarray(value, jnp.float32))
+
+
+def causal_conv(x_BxLxF, w_KxF, bias_F):
+  """Depthwise causal conv: y_t = bias + sum_j w_j x_(t - K + 1 + j), the
+  inputs before the start taken as zero (PyTorch's Conv1d, padding K - 1,
+  truncated to L). float32."""
+  k, length = w_KxF.shape[0], x_BxLxF.shape[1]
+  x_BxLxF = jnp.pad(x_BxLxF.astype(jnp.float32), ((0, 0), (k - 1, 0), (0, 0)))
+  y_BxLxF = jnp.zeros_like(x_BxLxF[:, :length]) + bias_F.astype(jnp.float32)
+  for j in range(k):
+    y_BxLxF = (
+      y_BxLxF + w_KxF[j].astype(jnp.float32) * x_BxLxF[:, j : j + length]
+    )
+  return y_BxLxF

@@ -93,6 +93,7 @@ from models.attention.registry import register
 from models.errors import UserError
 from models.mixers.base import (
   SequenceMixer,
+  causal_conv,
   f32_param,
   numpy_rng,
   real_BxL,
@@ -179,18 +180,6 @@ def ssd(x_XxLxHxP, dt_XxLxH, a_XxH, b_XxLxN, c_XxLxN, chunk):
   from_start_XxQxCxH = jnp.swapaxes(jnp.exp(cum_XxQxHxC), -1, -2)
   y_XxQxCxHxP = y_XxQxCxHxP + y_off_XxQxCxHxP * from_start_XxQxCxH[..., None]
   return y_XxQxCxHxP.reshape(rows, q * c, h, p)[:, :length]
-
-
-def causal_conv(x_BxLxF, w_KxF, bias_F):
-  """Depthwise causal conv: y_t = bias + sum_j w_j x_(t - K + 1 + j), the
-  inputs before the start taken as zero (PyTorch's Conv1d, padding K - 1,
-  truncated to L). float32."""
-  k, length = w_KxF.shape[0], x_BxLxF.shape[1]
-  x_BxLxF = jnp.pad(x_BxLxF.astype(_F32), ((0, 0), (k - 1, 0), (0, 0)))
-  y_BxLxF = jnp.zeros_like(x_BxLxF[:, :length]) + bias_F.astype(_F32)
-  for j in range(k):
-    y_BxLxF = y_BxLxF + w_KxF[j].astype(_F32) * x_BxLxF[:, j : j + length]
-  return y_BxLxF
 
 
 def inverse_softplus(y):

@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.attention.base import int_option
+from models.attention.base import bool_option, int_option
 from models.attention.registry import register
 from models.errors import UserError
 from models.mixers.base import (
@@ -154,6 +154,7 @@ class S4D(SequenceMixer):
     dt_max=0.1,
     bidirectional=True,
     activation='gelu',
+    gelu_approximate=False,
   ):
     del num_heads, max_length, layer_index
     name = 's4d'
@@ -166,6 +167,11 @@ class S4D(SequenceMixer):
     self.init = choice_option(name, 'init', init, ('lin', 'inv'))
     self.dt_min, self.dt_max, self.bidirectional, self.activation = (
       ssm_head_options(name, dt_min, dt_max, bidirectional, activation)
+    )
+    # GELU form: the authors' PyTorch nn.GELU() (state-spaces/s4,
+    # models/s4/s4d.py) is the exact erf form.
+    self.gelu_approximate = bool_option(
+      name, 'gelu_approximate', gelu_approximate
     )
     self.n_full = n_full
     self.emb_dim = e = emb_dim

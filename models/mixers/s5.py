@@ -17,7 +17,9 @@ same Abar, Bbar backwards (x'_t = Abar x'_{t+1} + Bbar u_t; stacked with the
 first as one scan over the flipped sequence) and the two states are
 concatenated and read by one C~ of shape [E, 2 (P/2)], i.e.
   y_t = 2 Re(C~_fwd x_t + C~_bwd x'_t) + D * u_t   (as the authors).
-Then 'gelu': out = dropout(GELU(y)) (C~ already mixes the channels, so no
+Then 'gelu': out = dropout(GELU(y)), GELU in its tanh form as the
+authors' flax nn.gelu (option gelu_approximate=True; False: the exact erf
+form) (C~ already mixes the channels, so no
 output linear, as the authors' 'gelu'); 'glu': out = GLU(Linear_E->2E(
 dropout(GELU(y)))), the authors' 'full_glu'.
 
@@ -73,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.attention.base import int_option
+from models.attention.base import bool_option, int_option
 from models.attention.registry import register
 from models.errors import UserError
 from models.mixers.base import (
@@ -159,6 +161,7 @@ class S5(SequenceMixer):
     dt_max=0.1,
     bidirectional=True,
     activation='gelu',
+    gelu_approximate=True,
   ):
     del num_heads, max_length, layer_index
     name = 's5'
@@ -173,6 +176,11 @@ class S5(SequenceMixer):
       )
     self.dt_min, self.dt_max, self.bidirectional, self.activation = (
       ssm_head_options(name, dt_min, dt_max, bidirectional, activation)
+    )
+    # GELU form: the authors' flax nn.gelu (lindermanlab/S5, s5/layers.py)
+    # is the tanh approximation.
+    self.gelu_approximate = bool_option(
+      name, 'gelu_approximate', gelu_approximate
     )
     self.p, self.blocks = p, j
     self.emb_dim = e = emb_dim

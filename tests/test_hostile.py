@@ -1,0 +1,160 @@
+"""Hostile and careless input: what is never kept, what refuses in one
+sentence, what a damaged log costs (nothing).
+
+- a diverged run keeps no non-finite checkpoint: lr 1e6 stops, names the
+  last finite checkpoint, and the same workdir resumed at 1e-3 finishes
+  with finite results;
+- one training per workdir (a held lock refuses in one sentence naming
+  the holder);
+- a torn last line of metrics.jsonl is skipped with a warning;
+- a cache whose token ids or labels are out of range names the file and
+  the first bad record;
+- a stray positional argument is one `error:` line.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, SMOKE
+from lra import data as tasks
+from lra.errors import UserError
+from lra.train import lock, runtime
+from lra.train.metrics import read_rows
+
+
+def train(workdir, data_dir, *flags, timeout=300):
+  return subprocess.run(
+    [
+      sys.executable,
+      'train.py',
+      f'--config={SMOKE}',
+      f'--workdir={workdir}',
+      f'--config.data_dir={data_dir}',
+      *flags,
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def test_diverged_steps_are_never_kept_and_a_lower_rate_recovers(
+  tmp_path, smoke_data_dir
+):
+  workdir = str(tmp_path / 'run')
+  # Saves every 2 steps, evaluations every 2: a diverged step would be
+  # saved and chosen as best if nothing checked it.
+  every = ['--config.checkpoint_every_steps=2', '--config.eval_every_steps=2']
+  proc = train(workdir, smoke_data_dir, '--config.learning_rate=1e6', *every)
+  assert proc.returncode == 2, proc.stderr
+  line = 'error:' + proc.stderr.split('error:')[-1].strip()
+  assert 'not finite' in line or 'diverged' in line, line
+  folder = os.path.join(workdir, 'checkpoints', 'latest')
+  kept = [int(s) for s in os.listdir(folder)] if os.path.isdir(folder) else []
+  if kept:  # the message names the newest kept (finite) checkpoint
+    assert f'last good checkpoint is step {max(kept)}' in line, line
+  else:
+    assert 'no checkpoint had been saved yet' in line, line
+  vals = [r for r in read_rows(os.path.join(workdir, 'metrics.jsonl'))]
+  assert all(
+    math.isfinite(r['loss']) for r in vals if r['split'] in ('val', 'train')
+  )
+  proc = train(workdir, smoke_data_dir, '--config.learning_rate=1e-3', *every)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  results = json.load(open(os.path.join(workdir, 'results.json')))
+  assert math.isfinite(results['test']['loss'])
+  assert math.isfinite(results['val']['loss'])
+
+
+def test_a_held_workdir_refuses_a_second_training(tmp_path, smoke_data_dir):
+  workdir = str(tmp_path / 'run')
+  with lock.workdir_lock(workdir):
+    proc = train(workdir, smoke_data_dir)
+  assert proc.returncode == 2
+  (line,) = proc.stderr.strip().splitlines()[-1:]
+  assert line.startswith('error: ') and 'in use by another training' in line
+  assert f'process {os.getpid()}' in line
+  assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+  # Released with its holder: the same command now trains.
+  assert train(workdir, smoke_data_dir).returncode == 0
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path, capsys):
+  path = str(tmp_path / 'metrics.jsonl')
+  with open(path, 'w') as f:
+    f.write(json.dumps({'step': 1, 'split': 'train', 'loss': 1.0}) + '\n')
+    f.write('{"step": 2, "split": "tr')
+  assert read_rows(path) == [{'step': 1, 'split': 'train', 'loss': 1.0}]
+  err = capsys.readouterr().err
+  assert err.startswith('warning: ') and 'line 2' in err
+
+
+def test_resume_after_a_torn_log_line(tmp_path, smoke_run, smoke_data_dir):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(smoke_run, workdir)
+  os.remove(os.path.join(workdir, 'results.json'))
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 7, "spl')
+  plot = subprocess.run(
+    [sys.executable, 'eval.py', f'--plot={workdir}'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert plot.returncode == 0, plot.stderr[-2000:]
+  assert 'warning:' in plot.stderr and 'Traceback' not in plot.stderr
+
+
+@pytest.mark.parametrize('what', ['token', 'label'])
+def test_out_of_range_cache_names_the_file_and_record(what):
+  task = tasks.get_task('listops')
+  inputs = np.zeros((4, 8), np.int16)
+  labels = np.zeros((4,), np.int64)
+  if what == 'token':
+    inputs[2, 5] = task.vocab_size + 3
+  else:
+    labels[1] = task.num_classes
+  splits = {'train': (inputs, labels), 'val': (inputs[:1], labels[:1])}
+  with pytest.raises(UserError) as e:
+    runtime.check_ranges(task, {}, splits, '/data/x', 'python -m x')
+  text = str(e.value)
+  if what == 'token':
+    assert '/data/x/train_inputs.npy: record 2 has token id' in text
+    assert str(task.vocab_size + 3) in text
+  else:
+    assert '/data/x/train_labels.npy: record 1 has label' in text
+  assert '--force' in text
+
+
+def test_per_position_ignore_labels_are_in_range():
+  task = tasks.get_task('mqar')
+  opts = {'vocab_size': 64}
+  inputs = np.ones((2, 8), np.int64)
+  labels = np.full((2, 8), -100, np.int64)
+  labels[0, 3] = 40
+  runtime.check_ranges(task, opts, {'train': (inputs, labels)}, '/d', 'c')
+
+
+def test_stray_argument_is_one_line(tmp_path):
+  proc = subprocess.run(
+    [sys.executable, 'train.py', f'--config={SMOKE}', '--workdir=x', 'extra'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+    "error: unexpected argument 'extra'; flags are written --name=value "
+    '(see --help).'
+  ]
