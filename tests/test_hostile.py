@@ -18,10 +18,10 @@ import os
 import subprocess
 import sys
 
+from conftest import ROOT, SMOKE
 import numpy as np
 import pytest
 
-from conftest import ROOT, SMOKE
 from lra import data as tasks
 from lra.errors import UserError
 from lra.train import lock, runtime
@@ -158,3 +158,78 @@ def test_stray_argument_is_one_line(tmp_path):
     "error: unexpected argument 'extra'; flags are written --name=value "
     '(see --help).'
   ]
+
+
+def test_a_full_disk_at_a_log_write_is_one_sentence_then_resumes(
+  tmp_path, smoke_data_dir, monkeypatch
+):
+  import errno  # pylint: disable=g-import-not-at-top
+
+  from configs import listops  # pylint: disable=g-import-not-at-top
+  from lra.train.metrics import MetricsLog  # pylint: disable=g-import-not-at-top
+  import train as train_entry  # pylint: disable=g-import-not-at-top
+
+  config = listops.get_config('transformer,smoke')
+  config.data_dir = smoke_data_dir
+  config.log_every_steps = 1
+  config.checkpoint_every_steps = 2
+  workdir = str(tmp_path / 'run')
+  original = MetricsLog.write
+
+  def full(self, step, split, **row):
+    if split == 'train' and step >= 4:
+      raise OSError(errno.ENOSPC, 'No space left on device')
+    return original(self, step, split, **row)
+
+  monkeypatch.setattr(MetricsLog, 'write', full)
+  with pytest.raises(UserError, match='no space left on device') as e:
+    train_entry.train_and_evaluate(config, workdir)
+  assert 'run the same command to resume' in str(e.value)
+  monkeypatch.setattr(MetricsLog, 'write', original)
+  results = train_entry.train_and_evaluate(config, workdir)
+  assert math.isfinite(results['test']['loss'])
+
+
+def test_checkpoints_of_another_model_are_refused_and_kept(
+  tmp_path, smoke_run, smoke_data_dir
+):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(smoke_run, workdir)
+  for name in ('config.json', 'results.json'):
+    os.remove(os.path.join(workdir, name))
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints', 'latest')))
+  proc = train(
+    workdir,
+    smoke_data_dir,
+    '--config.model.emb_dim=32',
+    '--config.model.qkv_dim=32',
+  )
+  assert proc.returncode == 2
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('error: ') and 'saved by another model' in line
+  assert 'Traceback' not in proc.stderr
+  after = sorted(os.listdir(os.path.join(workdir, 'checkpoints', 'latest')))
+  assert before == after
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints', 'unreadable'))
+
+
+@pytest.mark.parametrize(
+  'args, says',
+  [
+    (['--seed', '-3'], 'seed must be an integer in [0, 2**32), got -3'),
+    (['--option', 'seed=x1'], "got 'x1'"),
+    (['--seed', 'abc'], "argument --seed: invalid int value: 'abc'"),
+  ],
+)
+def test_prepare_bad_seed_is_one_line_and_writes_nothing(tmp_path, args, says):
+  proc = subprocess.run(
+    [sys.executable, '-m', 'lra.data.prepare', 'listops', '--small',
+     f'--data_dir={tmp_path}', *args],
+    cwd=ROOT, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2
+  (line,) = proc.stderr.strip().splitlines()
+  assert line.startswith('error: ') and says in line, line
+  assert not any(p.name.endswith('.tmp') for p in tmp_path.rglob('*'))

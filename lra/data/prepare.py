@@ -55,6 +55,14 @@ def parse_options(args):
     options['variant'] = args.variant
   if args.seed is not None:
     options['seed'] = args.seed
+  seed = options.get('seed')
+  if seed is not None and (
+    isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32
+  ):
+    raise UserError(
+      f'seed must be an integer in [0, 2**32), got {seed!r}; give e.g. '
+      '--seed 1.'
+    )
   return options
 
 
@@ -74,8 +82,16 @@ def command(task_name, data_dir, options):
   return ' '.join(parts + ['--force'])
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with its errors as one `error:` line (no usage dump)."""
+
+  def error(self, message):
+    print(f'error: {message}; see --help.', file=sys.stderr)
+    sys.exit(2)
+
+
 def build_parser():
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
     prog='python -m lra.data.prepare', description=__doc__.split('\n')[0]
   )
   parser.add_argument('task', help=f'one of: {", ".join(tasks.TASKS)}')

@@ -19,6 +19,7 @@ newest readable save with a warning naming what it skipped.
 
 import errno
 import json
+import logging
 import os
 import shutil
 
@@ -85,6 +86,53 @@ def _problem(step_dir, record_path):
       return f'{name} is truncated or changed ({sizes[name]:,} bytes, ' + (
         f'{size:,} saved)'
       )
+  return None
+
+
+class CheckpointMismatch(UserError):
+  """A readable checkpoint saved by a different model than the configured
+  one: never moved aside, never overwritten (one sentence)."""
+
+
+def _shapes(tree):
+  """{'a.b.c': shape} of a pytree's array leaves (a trailing 'value' of
+  nnx's variable states dropped), for comparing a save with a model."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if not hasattr(leaf, 'shape'):
+      continue
+    keys = [
+      str(getattr(k, 'key', getattr(k, 'idx', getattr(k, 'name', k))))
+      for k in path
+    ]
+    if keys and keys[-1] == 'value':
+      keys.pop()
+    out['.'.join(keys)] = tuple(leaf.shape)
+  return out
+
+
+def mismatch(step_dir, target):
+  """'path: saved (a, b), this model (c, d)' of the first parameter where
+  the save at step_dir and `target` (the named items) differ, or None (also
+  when the save's metadata cannot be read: restoring then says why)."""
+  logger = logging.getLogger('absl')  # orbax warns of absent step metadata
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    meta = ocp.StandardCheckpointer().metadata(os.path.join(step_dir, 'state'))
+    saved = _shapes(meta.item_metadata.tree)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  finally:
+    logger.setLevel(level)
+  if not saved or not all(k.split('.')[0] in ITEMS for k in saved):
+    return None  # saved before the items were named: not compared
+  want = _shapes(target)
+  for key in sorted(set(saved) | set(want)):
+    a, b = saved.get(key), want.get(key)
+    if a != b:
+      shown = lambda v: 'absent' if v is None else str(v)  # noqa: E731
+      return f'{key}: saved {shown(a)}, this model {shown(b)}'
   return None
 
 
@@ -235,6 +283,13 @@ class Checkpoints:
       raise CheckpointError(
         f'The {which} checkpoint at step {step} ({self.path(which, step)}) '
         f'is incomplete ({problem})'
+      )
+    differs = mismatch(self.path(which, step), named(target))
+    if differs:
+      raise CheckpointMismatch(
+        f'The checkpoints in {self.root} were saved by another model '
+        f'({differs}); give another --workdir, or run with the flags that '
+        'made them (the checkpoints are left as they are).'
       )
     try:
       try:

@@ -9,6 +9,7 @@ a ConfigRules from the entry point (train.py builds it from configs/models).
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -593,10 +594,26 @@ def validate_and_keep_best(t, state, step, best, log, progress, ckpt):
 
 def close_all(progress, log, ckpt, quiet=False):
   """Closes the progress bar, metrics.jsonl and the checkpoint managers
-  (which wait for the last save to be written)."""
-  progress.close()
-  log.close()
+  (which wait for the last save to be written); quiet: after an error,
+  a failing close (a full disk) raises nothing more."""
+  for close in (progress.close, log.close):
+    try:
+      close()
+    except OSError:
+      if not quiet:
+        raise
   ckpt.close(quiet=quiet)
+
+
+def write_failed(e: OSError, workdir: str, last_good: int) -> UserError:
+  """The one sentence for a write that failed (metrics, TensorBoard)."""
+  why = 'no space left on device' if e.errno == errno.ENOSPC else e.strerror
+  kept = f'step {last_good}' if last_good else 'none yet'
+  return UserError(
+    f"Writing the run's logs in {workdir} failed ({why}); the last "
+    f'checkpoint ({kept}) is intact: free some space (or fix the cause) '
+    'and run the same command to resume.'
+  )
 
 
 def train_and_evaluate(
@@ -683,6 +700,9 @@ def run(t, workdir, select, changes, rules, on_step):
   except UserError:  # a save that failed: its sentence, nothing after it
     close_all(progress, log, ckpt, quiet=True)
     raise
+  except OSError as e:  # a log write that failed (a full disk)
+    close_all(progress, log, ckpt, quiet=True)
+    raise write_failed(e, workdir, last_good) from None
   progress.close()
 
   # ------------------------------------------------------------------ test
