@@ -290,9 +290,16 @@ def evaluate_checkpoint(
     result['file'] = result['file'][: -len('.json')] + (
       f'{options_suffix(changed)}.json'
     )
-  if processes.is_primary():
-    write_json(os.path.join(workdir, result['file']), result)
   ckpt.close()
+  if processes.is_primary():
+    try:
+      write_json(os.path.join(workdir, result['file']), result)
+    except OSError as e:  # printed first by main, then this sentence
+      result['write_error'] = (
+        f'could not write {os.path.join(workdir, result["file"])} '
+        f'({e.strerror}); the numbers above are not saved: copy them, or '
+        'make the run directory writable and run the same command again.'
+      )
   return result
 
 
@@ -306,7 +313,13 @@ def main(argv):
         'evaluate with it.'
       )
     if _PLOT.value:
-      written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
+      try:
+        written, _ = curves.plot(_PLOT.value, _PLOT_DIR.value)
+      except OSError as e:
+        raise UserError(
+          f'Could not write the plots ({e.strerror}: {e.filename}); give a '
+          'writable folder with --plot_dir DIR.'
+        ) from None
       print('wrote ' + ', '.join(written))
     elif _TABLE.value:
       print(tables(_TABLE.value))
@@ -334,12 +347,18 @@ def main(argv):
           if lm
           else f'accuracy {r["accuracy"]:.4f}'
         )
+        wrote = (
+          ''
+          if 'write_error' in r
+          else f'; wrote {os.path.join(_WORKDIR.value, r["file"])}'
+        )
         print(
           f'{r["split"]} at step {r["step"]} ({r["checkpoint"]}): {score}, '
           f'loss {r["loss"]:.4f} over {r["count"]} '
-          f'{"positions" if lm else "examples"}; wrote '
-          f'{os.path.join(_WORKDIR.value, r["file"])}'
+          f'{"positions" if lm else "examples"}{wrote}'
         )
+        if 'write_error' in r:
+          raise UserError(r['write_error'][0].upper() + r['write_error'][1:])
     else:
       raise UserError(
         'Give --workdir DIR to evaluate a run, --table RUNS_DIR for the '

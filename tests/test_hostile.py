@@ -233,3 +233,20 @@ def test_prepare_bad_seed_is_one_line_and_writes_nothing(tmp_path, args, says):
   (line,) = proc.stderr.strip().splitlines()
   assert line.startswith('error: ') and says in line, line
   assert not any(p.name.endswith('.tmp') for p in tmp_path.rglob('*'))
+
+
+def test_eval_on_a_read_only_run_keeps_the_numbers(smoke_run, monkeypatch):
+  import errno  # pylint: disable=g-import-not-at-top
+
+  import eval as evaluate  # pylint: disable=g-import-not-at-top
+
+  def read_only(path, obj):
+    raise OSError(errno.EROFS, 'Read-only file system', path)
+
+  monkeypatch.setattr(evaluate, 'write_json', read_only)
+  r = evaluate.evaluate_checkpoint(
+    smoke_run, 'test', None, 'best', None, None, []
+  )
+  assert 0.0 <= r['accuracy'] <= 1.0
+  assert 'Read-only file system' in r['write_error']
+  assert 'the numbers above are not saved' in r['write_error']
