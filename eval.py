@@ -39,7 +39,7 @@ import json
 import os
 import re
 
-from absl import app, flags
+from absl import flags
 import ml_collections
 
 from configs import models as model_configs
@@ -386,7 +386,7 @@ cli.set_option_sentence(model_configs.option_sentence)
 
 def run():
   """The command line (console script lra-eval)."""
-  app.run(main, flags_parser=parse_flags)
+  cli.run_main(main, parse_flags)
 
 
 if __name__ == '__main__':

@@ -4,6 +4,10 @@ r"""Trains an LRA model: one jit-compiled step, data-parallel over all devices.
   python train.py --config configs/<task>.py:<model>[,small|,smoke] \
       --workdir DIR [--config.<key>=<value> ...]
 
+`--print_config` prints the resolved config (every field as key = value under
+its comment from configs/base.py and the task file) and exits; it needs no
+--workdir.
+
 The same command with the same workdir resumes from the latest checkpoint and
 ends with the same results as an uninterrupted run. Writes config.json,
 metrics.jsonl, checkpoints/{latest,best}/ and results.json: `test` measured on
@@ -32,7 +36,7 @@ import os
 import sys
 from typing import Callable
 
-from absl import app, flags
+from absl import flags
 from ml_collections import ConfigDict, config_flags
 
 from configs import models as model_configs
@@ -55,9 +59,23 @@ def train_and_evaluate(
 
 def define_flags():
   config_flags.DEFINE_config_file(
-    'config', None, 'configs/<task>.py:<model>[,<preset>]', lock_config=True
+    'config',
+    None,
+    'configs/<task>.py:<model>[,<preset>]; set any field with '
+    '--config.<key>=<value>. Every field is documented by the comment above '
+    'it in configs/base.py and in the task file configs/<task>.py (a '
+    "model.attention option in its core's module docstring); --print_config "
+    'prints the resolved config with those comments.',
+    lock_config=True,
   )
   flags.DEFINE_string('workdir', None, 'Run directory.')
+  flags.DEFINE_bool(
+    'print_config',
+    False,
+    'Print the resolved, locked config (every field as key = value under '
+    'its comment from configs/base.py and the task file) and exit; needs no '
+    '--workdir and creates nothing.',
+  )
   cli.define_process_flags()
   flags.DEFINE_integer(
     'stop_after_steps',
@@ -87,6 +105,17 @@ def kill_after(
   return on_step
 
 
+def print_config_text(config: ConfigDict) -> str:
+  """--print_config's text: every field under its comment
+  (configs/comments.py), headed by the --config argument."""
+  from configs import comments  # pylint: disable=g-import-not-at-top
+
+  spec = flags.FLAGS['config'].config_filename or ''
+  task_file = spec.split(':', 1)[0]
+  arg = cli._config_arg(sys.argv)  # pylint: disable=protected-access
+  return comments.config_text(config, task_file, arg)
+
+
 def main(argv):
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
   if len(argv) > 1:
@@ -96,6 +125,9 @@ def main(argv):
       file=sys.stderr,
     )
     sys.exit(2)
+  if config is not None and flags.FLAGS.print_config:
+    print(print_config_text(config), end='')
+    return
   if config is None or not workdir:
     print(
       'error: give --config configs/<task>.py:<model> and --workdir DIR.',
@@ -119,7 +151,7 @@ cli.set_option_sentence(model_configs.option_sentence)
 def run():
   """The command line (console script lra-train)."""
   define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run_main(main, cli.parse_flags)
 
 
 if __name__ == '__main__':

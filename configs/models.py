@@ -13,12 +13,17 @@ one stops with one sentence naming the core's options and their defaults,
 and config.json records the effective options.
 
 Option types follow the constructor: an option annotated with several
-types (`window: int | str = 512`) or defaulting to None takes any of them
-from the command line (`=8` is the int 8, `=8,16,32` the string; `=None`
-where None is allowed); a plain default's type is kept (booleans `=True`,
-`=False`).
+types (`global_tokens: int | str = 'auto'`) or defaulting to None takes any
+of them from the command line (`=8` is the int 8, `=auto` the string;
+`=None` where None is allowed); an option that takes a sequence
+(`window: int | tuple[int, ...] = 512`) reads a comma list as a tuple of its
+item type (`=8,16` is (8, 16); `=8` still the int 8); a plain default's type
+is kept (booleans `=True`, `=False`). A per-layer list (a core's
+`per_layer_options`, e.g. longformer's window) must have one item per layer
+(model.num_layers): check_attention says so in one sentence.
 """
 
+import dataclasses
 import importlib
 import inspect
 import re
@@ -171,19 +176,60 @@ _SIMPLE = (_NONE, bool, int, float, str)
 _UNION_TYPES = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class _TupleOf:
+  """A union member: a tuple (or list) of `item`s, from an annotation
+  `tuple[item, ...]` or `list[item]`; the command line writes it as a comma
+  list (`=8,16`), and the config holds it as a tuple."""
+
+  item: type
+
+
+def _is(value, kind):
+  """isinstance(value, kind) for a simple type or a _TupleOf (a bool is an
+  int only where bool itself is asked for)."""
+  if isinstance(kind, _TupleOf):
+    return isinstance(value, (tuple, list)) and all(
+      _is(x, kind.item) for x in value
+    )
+  if isinstance(value, bool) and kind is not bool:
+    return False
+  return isinstance(value, kind)
+
+
 class _UnionMeta(type):
   """isinstance(v, U) for a union U: v is one of U.members (a bool only
-  when bool is one: bool is an int subclass)."""
+  when bool is one: bool is an int subclass; a tuple or list of items for
+  a _TupleOf member)."""
 
   def __instancecheck__(cls, value):
-    if isinstance(value, bool) and bool not in cls.members:
-      return False
-    return isinstance(value, cls.members)
+    return any(_is(value, t) for t in cls.members)
+
+
+def _parse_simple(text, members, raw=None):
+  """`text` (stripped) as the first of the simple `members` it reads as
+  (a str: `raw`, the text as given, when given), or raises ValueError."""
+  if _NONE in members and text in ('None', 'none'):
+    return None
+  if bool in members and text.lower() in ('true', 'false'):
+    return text.lower() == 'true'
+  if int in members and re.fullmatch(r'[+-]?\d+', text):
+    return int(text)
+  if float in members:
+    try:
+      return float(text)
+    except ValueError:
+      pass
+  if str in members:
+    return text if raw is None else raw
+  raise ValueError(text)
 
 
 class _UnionParser(flags.ArgumentParser):
   """A command-line string as the first of the union's types it reads as:
-  None ('None'), bool ('True'/'False'), int, float, else str."""
+  a comma list ('8,16', also '(8, 16)' or '[8,16]'; '8,' is one item) as a
+  tuple of the item type where the union has a _TupleOf member, else None
+  ('None'), bool ('True'/'False'), int, float, else str."""
 
   def __init__(self, union):
     super().__init__()
@@ -193,22 +239,35 @@ class _UnionParser(flags.ArgumentParser):
     members = self.union.members
     if not isinstance(argument, str):
       if argument is None or isinstance(argument, self.union):
-        return argument
+        return tuple(argument) if isinstance(argument, list) else argument
       raise TypeError(f'{argument!r} is not {self.flag_type()}')
     text = argument.strip()
-    if _NONE in members and text in ('None', 'none'):
-      return None
-    if bool in members and text.lower() in ('true', 'false'):
-      return text.lower() == 'true'
-    if int in members and re.fullmatch(r'[+-]?\d+', text):
-      return int(text)
-    if float in members:
-      try:
-        return float(text)
-      except ValueError:
-        pass
-    if str in members:
-      return argument
+    sequences = [t for t in members if isinstance(t, _TupleOf)]
+    listed = ',' in text or text[:1] + text[-1:] in ('()', '[]')
+    if sequences and listed:
+      inner = text[1:-1] if text[:1] + text[-1:] in ('()', '[]') else text
+      parts = [p.strip() for p in inner.split(',')]
+      if parts and not parts[-1]:
+        parts.pop()  # '8,': one item
+      for seq in sequences:
+        try:
+          return tuple(_parse_simple(p, (seq.item,)) for p in parts)
+        except ValueError:
+          pass
+    try:
+      return _parse_simple(
+        text,
+        [t for t in members if not isinstance(t, _TupleOf)],
+        raw=argument,
+      )
+    except ValueError:
+      pass
+    if sequences and not listed:  # one item of a tuple-only option
+      for seq in sequences:
+        try:
+          return (_parse_simple(text, (seq.item,)),)
+        except ValueError:
+          pass
     raise ValueError(f'{argument!r} is not {self.flag_type()}')
 
   def flag_type(self):
@@ -216,15 +275,23 @@ class _UnionParser(flags.ArgumentParser):
 
 
 def _type_name(t):
+  if isinstance(t, _TupleOf):
+    return f'a comma list of {_type_name(t.item)}'
   return 'None' if t is _NONE else t.__name__
 
 
 def _union_type(members):
   """The field type of a ConfigDict value that may be any of `members`
   (module-level, so a config holding it can be copied and pickled)."""
-  members = tuple(t for t in _SIMPLE if t in members)
+  sequences = tuple(t for t in members if isinstance(t, _TupleOf))
+  members = (*(t for t in _SIMPLE if t in members), *dict.fromkeys(sequences))
   if members not in _UNION_TYPES:
-    name = 'Or'.join(_type_name(t).capitalize() for t in members)
+    name = 'Or'.join(
+      f'{_type_name(t.item).capitalize()}Tuple'
+      if isinstance(t, _TupleOf)
+      else _type_name(t).capitalize()
+      for t in members
+    )
     union = _UnionMeta(name, (), {'members': members, '__module__': __name__})
     globals()[name] = union
     config_flags.register_flag_parser_for_type(union, _UnionParser(union))
@@ -233,7 +300,8 @@ def _union_type(members):
 
 
 def _annotation_types(annotation):
-  """The types an annotation admits, or None when it says nothing simple."""
+  """The types an annotation admits (a _TupleOf for `tuple[T, ...]` or
+  `list[T]` of a simple T), or None when it says nothing simple."""
   if annotation is inspect.Parameter.empty:
     return None
   if annotation is None:
@@ -246,16 +314,22 @@ def _annotation_types(annotation):
     return tuple(t for p in parts for t in p)
   if origin is typing.Literal:
     return tuple(dict.fromkeys(type(v) for v in typing.get_args(annotation)))
+  if origin in (tuple, list):
+    args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+    if len(set(args)) == 1 and args[0] in _SIMPLE[1:]:
+      return (_TupleOf(args[0]),)
+    return None
   if origin is None and isinstance(annotation, type):
     return (annotation,)
-  return None  # list[int], strings, ...: the default's type decides
+  return None  # dict[...], strings, ...: the default's type decides
 
 
 def field_type(parameter):
   """The ConfigDict field type of a core option (an inspect.Parameter):
   from its annotation, else its default's type; a union of simple types
-  (or a None default) gets a union type the command line can set to any
-  of them; a None default with no annotation takes any literal (object)."""
+  (or a None default), or an option that takes a sequence, gets a union
+  type the command line can set to any of them; a None default with no
+  annotation takes any literal (object)."""
   default = parameter.default
   kinds = _annotation_types(parameter.annotation)
   if kinds is None:
@@ -264,9 +338,10 @@ def field_type(parameter):
     kinds = (type(default),)
   if default is None and _NONE not in kinds:
     kinds = (*kinds, _NONE)
-  if len(kinds) == 1:
+  sequences = any(isinstance(t, _TupleOf) for t in kinds)
+  if len(kinds) == 1 and not sequences:
     return kinds[0]
-  if all(t in _SIMPLE for t in kinds):
+  if all(t in _SIMPLE or isinstance(t, _TupleOf) for t in kinds):
     return _union_type(kinds)
   return object
 
@@ -274,6 +349,16 @@ def field_type(parameter):
 def _field(value, kind):
   if value is not None and type(value) is kind:
     return value
+  if isinstance(kind, _UnionMeta) and any(
+    isinstance(t, _TupleOf) for t in kind.members
+  ):
+    if isinstance(value, list):
+      value = tuple(value)  # config.json holds a list
+    elif isinstance(value, str) and str not in kind.members:
+      try:  # a config saved when the option was a comma-list string
+        value = _UnionParser(kind).parse(value)
+      except ValueError:
+        pass
   return ml_collections.FieldReference(value, field_type=kind)
 
 
@@ -338,7 +423,8 @@ def _set_flat(c, dotted, value):
 def check_attention(config):
   """The `model.attention` block names a registered core and only options
   it takes (a --config.model.attention.name flag keeps the options of the
-  model's own core: the model name is how to choose another one). Called
+  model's own core: the model name is how to choose another one), and its
+  per-layer lists have model.num_layers items (registry.check_per_layer). Called
   by train.py and eval.py beside lra.train.validate.check_config."""
   block = config.model.attention.to_dict()
   name = block.get('name')
@@ -346,6 +432,8 @@ def check_attention(config):
   known = registry.options_of(name)
   unknown = [k for k in block if k != 'name' and k not in known]
   if not unknown:
+    # A per-layer list (longformer's window) has one value per layer.
+    registry.check_per_layer(block, config.model.num_layers)
     return
   try:
     core = core_of(config.model_name)

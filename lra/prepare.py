@@ -1,9 +1,7 @@
 """`python -m lra.prepare`: the spelling kept from before the floors; the
 module is lra/data/prepare.py (`python -m lra.data.prepare`, console script lra-prepare)."""
 
-import sys
-
-from lra.data.prepare import main
+from lra.data.prepare import run
 
 if __name__ == '__main__':
-  sys.exit(main())
+  run()

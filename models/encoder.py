@@ -21,7 +21,7 @@ import ml_collections
 
 from models.attention import Mask
 from models.attention.base import dropout
-from models.attention.registry import get_core_class
+from models.attention.registry import check_per_layer, get_core_class
 from models.embeddings import Embedder
 from models.errors import UserError
 from models.layers import TransformerBlock, block_class, split_key
@@ -172,6 +172,7 @@ def attention_for_model(cfg, causal):
   """
   cls = get_core_class(cfg.attention['name'])
   options = dict(cfg.attention)
+  check_per_layer(options, cfg.num_layers)
   resolve = getattr(cls, 'model_options', None)
   if resolve is not None:
     resolved = resolve(options, pooling=cfg.pooling, causal=causal)

@@ -190,6 +190,7 @@ def test_second_invocation_skips_finished_runs(swept, tmp_path):
     '--models=local,transformer,linformer',
     '--dry_run',
     f'--bench={empty}',
+    '--noprobe',  # a model not in the benchmark stays unknown
   )
   assert dry.returncode == 0, dry.stderr
   assert dry.stdout.count('finished, would be skipped') == 2
@@ -239,6 +240,7 @@ def test_dry_run_estimates_from_a_benchmark(tmp_path):
     '--config.num_train_steps=600',
     '--dry_run',
     f'--bench={bench}',
+    '--noprobe',
   )
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()

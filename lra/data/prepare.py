@@ -177,5 +177,16 @@ def main(argv=None):
   return 0
 
 
+def run():
+  """The command line (console script lra-prepare): Ctrl-C is one line,
+  exit 130 (a cache is written to a temporary name and renamed, so an
+  interrupted one is rebuilt next time)."""
+  try:
+    sys.exit(main())
+  except KeyboardInterrupt:
+    print('Interrupted.', file=sys.stderr)
+    sys.exit(130)
+
+
 if __name__ == '__main__':
-  sys.exit(main())
+  run()

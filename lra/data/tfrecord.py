@@ -44,15 +44,30 @@ def _crc32c_python(data):
   return crc ^ 0xFFFFFFFF
 
 
-try:  # About 100x faster where installed (often as a google-cloud dep).
-  import google_crc32c
+def _native_crc32c():
+  """(name, CRC-32C function) of the installed native package: `crc32c`
+  (requirements.txt installs it) or `google_crc32c` (often present as a
+  google-cloud dependency); None when neither imports. About 100x faster
+  than the pure-Python table."""
+  try:
+    import crc32c as native  # pylint: disable=g-import-not-at-top
 
-  def crc32c(data):
-    """CRC-32C (Castagnoli) of `data`."""
-    return google_crc32c.value(bytes(data))
+    return 'crc32c', lambda data: native.crc32c(bytes(data))
+  except ImportError:
+    pass
+  try:
+    import google_crc32c  # pylint: disable=g-import-not-at-top
 
-except ImportError:
-  crc32c = _crc32c_python
+    return 'google_crc32c', lambda data: google_crc32c.value(bytes(data))
+  except ImportError:
+    return None
+
+
+_NATIVE = _native_crc32c()
+# Which implementation crc32c is: 'crc32c', 'google_crc32c' or 'python'.
+CRC32C_SOURCE = _NATIVE[0] if _NATIVE else 'python'
+crc32c = _NATIVE[1] if _NATIVE else _crc32c_python
+crc32c.__doc__ = 'CRC-32C (Castagnoli) of `data` (bytes-like).'
 
 
 def masked_crc(data):

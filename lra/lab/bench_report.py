@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from lra.errors import UserError
-from lra.lab import report
+from lra.lab import plotstyle, report
 from lra.lab.paper import TASK_COLUMNS, lra_average, paper
 
 # The model name of benchmark.py --ceiling's row.
@@ -401,19 +401,29 @@ def plot(rows, value, ylabel, path):
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
   fig, ax = plt.subplots(figsize=(7.5, 4.5))
-  colors = plt.get_cmap('tab20').colors
-  markers = 'osD^vP*Xh<>p'
-  for i, m in enumerate(dict.fromkeys(r['model'] for r in rows)):
+  # Reference lines, grey and black: the ceiling and the exact softmax
+  # (transformer_fused is the same function; transformer_xl is not).
+  reference = {
+    CEILING: ('0.6', ':'),
+    'transformer': ('0.1', '-'),
+    'transformer_fused': ('0.1', '--'),
+  }
+  models = [
+    m
+    for m in dict.fromkeys(r['model'] for r in rows)
+    if any(r['model'] == m and r['status'] == 'ok' for r in rows)
+  ]
+  # tab10, and past 8 series a line style and a marker each as well.
+  styles = plotstyle.series_styles(
+    [m for m in models if m not in reference], marker='o'
+  )
+  for m in models:
     ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
-    if not ok:
-      continue
-    style = dict(
-      color=colors[(2 * i) % 20 + (2 * i) // 20], marker=markers[i % 12]
-    )
-    reference = {CEILING: ('0.6', ':'), 'transformer': ('0.1', '-')}
-    if m in reference or m.startswith('transformer'):  # reference lines
-      color, ls = reference.get(m, ('0.1', '--'))
-      style = dict(color=color, marker='o', ls=ls)
+    if m in reference:
+      color, ls = reference[m]
+      style = dict(color=color, marker='o', linestyle=ls, markersize=5)
+    else:
+      style = styles[m]
     ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
   lengths = sorted({r['length'] for r in rows if r['length'] is not None})
   ax.set_xscale('log', base=2)
@@ -537,13 +547,43 @@ def bubble_chart(runs_dir: str, bench_dir: str) -> str:
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   points, length, relative, label = bubble_points(runs_dir, bench_dir)
+  fig = bubble_figure(
+    points, length, relative, label, setup(read_benchmark(bench_dir)[0])
+  )
+  path = os.path.join(bench_dir, 'lra_bubble.png')
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def bubble_figure(points, length, relative, label, machine):
+  """The bubble chart's figure (bubble_chart): a tab10 colour per circle;
+  each label starts just above its circle and the labels are moved apart
+  until none overlaps another (plotstyle.repel_labels, measured by the
+  renderer), with a leader line from a moved label to its circle's
+  centre."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
   largest = max(p[3] for p in points)
   own_tasks = len({p[4] for p in points}) > 1
-  fig, ax = plt.subplots(figsize=(7, 5))
-  for model, accuracy, speed, memory, tasks in points:
-    ax.scatter(speed, accuracy, s=2500 * memory / largest, alpha=0.45)
-    name = f'{model} ({", ".join(tasks)})' if own_tasks else model
-    ax.annotate(name, (speed, accuracy), ha='center', va='center', fontsize=8)
+  colors = plotstyle.palette()
+  area = [2500 * p[3] / largest for p in points]  # points^2
+  fig, ax = plt.subplots(figsize=(7.5, 5.5))
+  for i, (_, accuracy, speed, _, _) in enumerate(points):
+    color = colors[i % len(colors)]
+    ax.scatter(
+      speed,
+      accuracy,
+      s=area[i],
+      alpha=0.35,
+      color=color,
+      edgecolors=color,
+      linewidths=1.0,
+    )
+    ax.plot(speed, accuracy, '.', color=color, markersize=3)
   ax.margins(0.25)
   ax.set_xlabel(
     f'speed at length {length}: steps/s '
@@ -552,13 +592,33 @@ def bubble_chart(runs_dir: str, bench_dir: str) -> str:
   ax.set_ylabel(label)
   ax.set_title(
     f'circle area = peak memory at {length} (XLA memory analysis); '
-    f'largest {largest / 1e9:.3g} GB\n'
-    f'{setup(read_benchmark(bench_dir)[0])}',
+    f'largest {largest / 1e9:.3g} GB\n{machine}',
     fontsize=9,
   )
   ax.grid(True, alpha=0.3)
   fig.tight_layout()
-  path = os.path.join(bench_dir, 'lra_bubble.png')
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  ax.set_autoscale_on(False)  # the labels move in the final frame
+  texts = []
+  for i, ((model, accuracy, speed, _, tasks), a) in enumerate(
+    zip(points, area)
+  ):
+    name = f'{model} ({", ".join(tasks)})' if own_tasks else model
+    color = colors[i % len(colors)]
+    texts.append(
+      ax.annotate(
+        name,
+        (speed, accuracy),
+        xytext=(0, np.sqrt(a / np.pi) + 1),  # just above the circle
+        textcoords='offset points',
+        ha='center',
+        va='bottom',
+        fontsize=8,
+        color=plotstyle.darker(color),
+        bbox=dict(boxstyle='round,pad=0.15', fc='white', ec='none', alpha=0.7),
+        arrowprops=dict(
+          arrowstyle='-', color=color, lw=0.9, shrinkA=0, shrinkB=1
+        ),
+      )
+    )
+  plotstyle.repel_labels(ax, texts, avoid=[(p[2], p[1]) for p in points])
+  return fig

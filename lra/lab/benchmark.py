@@ -9,6 +9,8 @@ r"""The LRA speed/memory table (Table 2), and any config's training step.
     --mode throughput --out DIR   # any task's config, --config.* overrides
   python benchmark.py --config configs/listops.py:transformer,smoke \
     --mode loop --out DIR   # train.py's loop against the bare step
+  python benchmark.py --layer --models transformer,local,mamba \
+    --lengths 1024,2048,4096 --out DIR   # one attention layer alone
 
 Each cell (model, length) times full training steps (forward, backward and
 AdamW update, lra.train.steps.make_train_step) of the byte-level Text classifier
@@ -26,6 +28,17 @@ documents for retrieval, a label per position for mqar, an LM objective's
 masked inputs). --models a,b then runs the same config file, presets and
 overrides for each model; --lengths (when given) sets max_length per cell,
 --batch_size and --dtype override the config's.
+
+--layer times ONE attention layer instead of a training step
+(lra/lab/layer_bench.py): an attention core alone on q, k, v [B, L, H, D]
+or a sequence mixer alone on x [B, L, E], each model's options from
+configs/models.py, forward and forward + backward (grad of the sum of the
+output w.r.t. the inputs and parameters), every model of a length in
+alternating rounds in this one process; median ms with min and max, XLA's
+compiled temp memory of both programs, ratios to 'transformer'. Sizes:
+--layer_batch (2), --layer_heads (4), --layer_head_dim (64),
+--layer_rounds (10), --warmup (1); --models, --lengths, --dtype, --baselines
+as below. Writes layer.json and layer.md to --out.
 
 --models: 'all' (every key of configs.models.MODELS, the default) or a list,
 measured exactly as listed. --baselines adds the exact baselines
@@ -114,7 +127,7 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 import flax
 from flax import nnx
 import jax
@@ -126,6 +139,7 @@ from configs import base as base_config
 from configs import models as model_configs
 from lra import data as tasks
 from lra.errors import UserError
+from lra.lab import layer_bench
 from lra.lab.bench_report import CEILING, write_report
 from lra.train import build, cli, loop, objectives, runtime, steps, validate
 from lra.train.metrics import read_rows, write_json
@@ -1076,6 +1090,13 @@ def define_flags():
     "Peak FLOP/s of one device for the MFU (default: the device kind's "
     'from PEAK_FLOPS; unknown on CPU).',
   )
+  flags.DEFINE_boolean(
+    'layer',
+    False,
+    'Time one attention layer (core or mixer) alone, forward and forward + '
+    'backward, instead of training steps (lra/lab/layer_bench.py).',
+  )
+  layer_bench.define_flags()
   flags.DEFINE_string('cell_spec', None, 'Internal: run one cell (JSON).')
   flags.DEFINE_string('cell_out', None, 'Internal: where --cell_spec writes.')
 
@@ -1108,6 +1129,16 @@ def main(argv):
   try:
     if not f.out:
       raise UserError('Give --out DIR, the directory for the table and plots.')
+    layer_bench.check_flags(f)
+    if f.layer:
+      validate.check_dir(f.out, '--out')
+      baselines = f.baselines
+      if baselines is None:
+        baselines = not f['models'].present
+      layer_bench.main(
+        f, select_models(f.models, baselines), parse_lengths(f.lengths)
+      )
+      return
     if f.cell_timeout_s < 0:
       raise UserError(
         f'--cell_timeout_s={f.cell_timeout_s:g} is negative; give seconds '
@@ -1174,7 +1205,7 @@ cli.set_option_sentence(model_configs.option_sentence)
 def run():
   """The command line (benchmark.py; console script lra-benchmark)."""
   define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run_main(main, cli.parse_flags)
 
 
 if __name__ == '__main__':

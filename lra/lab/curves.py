@@ -2,7 +2,11 @@
 
 `python eval.py --plot RUN_OR_RUNS_DIR[,...]` writes `curves_loss.png` and
 `curves_accuracy.png`: one panel per split (train, val), one line per run,
-labelled with the run's folder. Runs of an LM objective (lra/train/objectives.py)
+labelled with the run's folder. Training curves are noisy: each is drawn as
+its exponential moving average (lra/lab/plotstyle.py ema, the weight in the
+panel's title) over its raw points, faint; validation points are drawn as
+logged. Colours are tab10; with more than 8 runs each also gets its own
+line style and marker. Runs of an LM objective (lra/train/objectives.py)
 log token_accuracy instead of accuracy, and causal_lm runs a validation
 perplexity: then `curves_token_accuracy.png` and `curves_perplexity.png`
 are written too (a causal_lm run's train perplexity is exp of its logged
@@ -16,6 +20,7 @@ import math
 import os
 
 from lra.errors import UserError
+from lra.lab import plotstyle
 from lra.train.metrics import read_rows
 
 METRICS = ('loss', 'accuracy', 'token_accuracy', 'perplexity')
@@ -109,20 +114,74 @@ def plot(paths, out_dir=None):
   os.makedirs(out_dir, exist_ok=True)
   written = []
   for metric in drawn(data):
-    fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4), squeeze=False)
-    for ax, split in zip(axes[0], SPLITS):
-      for label, (steps, values) in data[metric, split].items():
-        ax.plot(
-          steps, values, marker='.' if split == 'val' else None, label=label
-        )
-      ax.set_title(f'{split} {metric}')
-      ax.set_xlabel('step')
-      ax.grid(True, alpha=0.3)
-      if data[metric, split]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig = figure(data, metric)
     path = os.path.join(out_dir, NAMES[metric])
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches='tight')
     plt.close(fig)
     written.append(path)
   return written, data
+
+
+def figure(data, metric):
+  """The figure of one metric (module docstring): a panel per split, a
+  style per run (plotstyle.series_styles, the same run alike in every
+  figure), training curves smoothed over their faint raw points; past
+  plotstyle.MANY_SERIES runs the legend stands beside the panels."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  labels = list(dict.fromkeys(k for lines in data.values() for k in lines))
+  styles = plotstyle.series_styles(labels)
+  fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4), squeeze=False)
+  for ax, split in zip(axes[0], SPLITS):
+    lines = data[metric, split]
+    # One smoothing weight per panel, from its longest curve.
+    weight = plotstyle.auto_weight(
+      max((len(v) for _, v in lines.values()), default=0)
+    )
+    for label, (steps, values) in lines.items():
+      style = dict(styles[label])
+      if split != 'train':  # evaluations: few points, drawn as logged
+        style['marker'] = style['marker'] or '.'
+        ax.plot(steps, values, label=label, **style)
+        continue
+      if weight:  # the raw points, faint, behind the average
+        ax.plot(
+          steps,
+          values,
+          color=style['color'],
+          alpha=0.25,
+          lw=0.8,
+          zorder=1,
+          gid='raw',
+        )
+      ax.plot(
+        steps,
+        plotstyle.ema(values, weight),
+        label=label,
+        zorder=2,
+        markevery=max(1, len(steps) // 12),
+        gid='smoothed' if weight else None,
+        **style,
+      )
+    title = f'{split} {metric}'
+    if split == 'train' and weight:
+      title += f' (EMA {weight:.2g}; faint: as logged)'
+    ax.set_title(title)
+    ax.set_xlabel('step')
+    ax.grid(True, alpha=0.3)
+    if lines and len(labels) <= plotstyle.MANY_SERIES:
+      ax.legend(fontsize=7)
+  if len(labels) > plotstyle.MANY_SERIES:
+    handles = [plt.Line2D([], [], label=k, **styles[k]) for k in labels]
+    fig.legend(
+      handles=handles,
+      fontsize=7,
+      loc='center left',
+      bbox_to_anchor=(1.0, 0.5),
+      frameon=False,
+    )
+  fig.tight_layout()
+  return fig

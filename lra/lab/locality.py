@@ -104,6 +104,7 @@ def define_flags() -> None:
     None,
     'With --dry_run: a benchmark.py --out folder (lra.lab.sweep).',
   )
+  sweep.define_probe_flags()
 
 
 # ---------------------------------------------------------------- plan

@@ -1,7 +1,8 @@
 r"""A resumable sweep over tasks x models: LRA Table 1 as one command.
 
-  python -m lra.lab.sweep --tasks listops,pathfinder --models all --preset small \
-      --out runs/sweep [--config.<key>=<value> ...] [--dry_run] [--bench DIR]
+  python -m lra.lab.sweep --tasks listops,pathfinder --models all \
+      --preset small --out runs/sweep [--config.<key>=<value> ...] \
+      [--dry_run] [--bench DIR] [--noprobe]
 
 Each (task, model) trains in its own workdir OUT/<task>/<model>[-<preset>],
 one after the other, by the command a user would type,
@@ -60,15 +61,22 @@ resumes from its checkpoint. Exit status: 0, 1 when a run failed, 130 when
 interrupted, 2 for bad flags (one sentence).
 
 --dry_run prints each run's command and an estimate of its training time
-(steps only: no compilation, evaluation or data generation) and writes
-nothing. The rate is the one measured in the run's workdir when it has
-trained before, else benchmark.py's steps/s for the model (--bench, default
-runs/bench/benchmark.json) at the benchmarked length nearest the run's,
-scaled by the ratio of a dense Transformer's cost per step (batch x length x
-layers x (4 E Q + 2 E M + 2 length Q)) of the benchmark cell to the run's:
-rough (within about 2x of measured ListOps and Pathfinder `small` runs),
-closer when the benchmark ran at the sweep's lengths
-(`python benchmark.py --lengths 200,1024 --out runs/bench`).
+and writes nothing. The rate is the one measured in the run's workdir when it
+has trained before, else benchmark.py's steps/s for the model (--bench,
+default runs/bench/benchmark.json) at the benchmarked length nearest the
+run's, scaled by the ratio of a dense Transformer's cost per step (batch x
+length x layers x (4 E Q + 2 E M + 2 length Q)) of the benchmark cell to the
+run's: rough (within about 2x of measured ListOps and Pathfinder `small`
+runs), closer when the benchmark ran at the sweep's lengths
+(`python benchmark.py --lengths 200,1024 --out runs/bench`); both count
+training steps only. Else (--probe, the default) the run's own config is
+probed on this machine (lra/lab/sweep_probe.py): its training and
+evaluation steps compiled and timed on random data of the task's shapes,
+once per distinct config (the compile time plus --probe_seconds, default
+2); the estimate adds the measured compilation and the run's evaluations
+(when the split sizes are known: the prepared cache, or the config's
+data.num_val / num_test) and gives a range in minutes from the fastest and
+slowest probed steps. Data generation is never counted.
 
 The pieces: lra/lab/sweep_plan.py (the runs and their commands),
 lra/lab/sweep_run.py (running them, reading their results, sweep.json and
@@ -121,6 +129,24 @@ def define_flags() -> None:
     None,
     f'With --dry_run: a benchmark.py --out folder or its benchmark.json '
     f'(default {DEFAULT_BENCH} when present).',
+  )
+  define_probe_flags()
+
+
+def define_probe_flags() -> None:
+  """--probe and --probe_seconds, read by --dry_run (execute)."""
+  flags.DEFINE_bool(
+    'probe',
+    True,
+    'With --dry_run: time a run that has neither trained before nor a '
+    'benchmark row by a short probe of its compiled steps on random data '
+    '(once per distinct config: its compile time plus --probe_seconds).',
+  )
+  flags.DEFINE_float(
+    'probe_seconds',
+    2.0,
+    'With --dry_run: seconds of timed training steps per probe (at least 3 '
+    'steps).',
   )
 
 
@@ -195,7 +221,9 @@ def execute(runs, module: str) -> int | None:
   returns the sweep's exit status (a sweep's, a probe's command line)."""
   f = flags.FLAGS
   if f.dry_run:
-    dry_run(runs, f.bench)
+    probe = f['probe'].value if 'probe' in f else True
+    seconds = f['probe_seconds'].value if 'probe_seconds' in f else 2.0
+    dry_run(runs, f.bench, probe, seconds)
     return None
   if f.bench:
     raise UserError('--bench is read by --dry_run only; add --dry_run.')

@@ -1,8 +1,12 @@
 """A sweep's --dry_run (lra/lab/sweep.py): each run's estimated training time,
 from its own metrics.jsonl when it has trained before, else from
 benchmark.py's steps/s at the nearest benchmarked length, scaled by a dense
-Transformer's cost per step (step_cost). Steps only: compilation,
-evaluation and data generation are not counted."""
+Transformer's cost per step (step_cost), else from a short probe of its
+compiled step (lra/lab/sweep_probe.py: one per distinct config, seconds
+each; --noprobe skips it). The first two count training steps only; a
+probed estimate adds the measured compilation and evaluation and gives a
+range from the fastest and slowest probed steps. Data generation is never
+counted."""
 
 from __future__ import annotations
 
@@ -86,25 +90,78 @@ def estimate(run: Run, config, bench: tuple | None) -> tuple:
   )
 
 
-def dry_run(runs: list[Run], bench_path: str | None) -> None:
-  """Prints each run's command and estimated training time; writes nothing."""
+def _first_line(e: Exception) -> str:
+  lines = str(e).strip().splitlines()
+  return (lines[0] if lines else type(e).__name__).rstrip('.')
+
+
+def probed(run: Run, config, probes: dict, seconds: float) -> dict | str:
+  """sweep_probe.estimate of the run from the probe of its config (made
+  once per sweep_probe.shape_key, kept in `probes`), or why there is none."""
+  from lra.lab import sweep_probe  # pylint: disable=g-import-not-at-top
+
+  key = sweep_probe.shape_key(config)
+  if key not in probes:
+    try:
+      probes[key] = sweep_probe.probe(config, seconds)
+    except Exception as e:  # pylint: disable=broad-except
+      probes[key] = f'the probe failed: {_first_line(e)}'
+  found = probes[key]
+  if isinstance(found, str):
+    return found
+  return sweep_probe.estimate(found, config, rundir.latest_step(run.workdir))
+
+
+def probed_text(est: dict) -> str:
+  """'about 4m 10s (3.6-5.2 min; 500 steps at ... probed: ...)'."""
+  from lra.lab.sweep_probe import minutes  # pylint: disable=g-import-not-at-top
+
+  counted = (
+    'compilation and evaluation'
+    if est['evaluated']
+    else 'compilation; evaluation not counted: split sizes unknown'
+  )
+  return (
+    f'about {duration(est["seconds"])} ({minutes(est["low"])}-'
+    f'{minutes(est["high"])} min; {est["steps"]} steps at {est["rate"]:.3g} '
+    f'steps/s, probed here, + {duration(est["overhead"])} {counted})'
+  )
+
+
+def dry_run(
+  runs: list[Run],
+  bench_path: str | None,
+  probe: bool = True,
+  probe_seconds: float = 2.0,
+) -> None:
+  """Prints each run's command and estimated training time; writes nothing.
+  A run with neither a measured rate nor a benchmark row is probed
+  (`probe`: sweep_probe, about `probe_seconds` of steps after compiling)."""
   combos = {r.grid for r in runs}
   gridded = len(combos) > 1 and all(r.grid for r in runs)
   per = f' ({len(combos)} grid combinations each)' if gridded else ''
   _print(f'{len(runs)} run{"s" * (len(runs) != 1)} planned{per}.')
   bench = load_benchmark(bench_path)
+  probing = (
+    'timed by a short probe of its compiled training and evaluation steps '
+    'on random data (once per distinct config, seconds each; --noprobe '
+    'skips it)'
+  )
   if bench is None:
     _print(
       f'No benchmark found ({DEFAULT_BENCH}; --bench DIR gives one): the '
-      'time of a run that has not trained yet is unknown.'
+      'time of a run that has not trained yet is '
+      + (f'{probing}.' if probe else 'unknown.')
     )
   else:
     _print(
       f'Estimates from {bench[0]} (benchmark.py steps/s at the nearest '
       "length, scaled to each run's batch, length and width: rough) or from "
       "a run's own metrics.jsonl; training steps only."
+      + (f' A model not in the benchmark is {probing}.' if probe else '')
     )
   total, unknown, skipped = 0.0, 0, 0
+  low, high, probes, num_probed = 0.0, 0.0, {}, 0
   for i, run in enumerate(runs, 1):
     config, problem = run_config(run)
     head = f'[{i}/{len(runs)}] {run.name}:'
@@ -117,13 +174,23 @@ def dry_run(runs: list[Run], bench_path: str | None) -> None:
     else:
       left = config.num_train_steps - rundir.latest_step(run.workdir)
       rate, source = estimate(run, config, bench)
+      est = None
+      if not rate and probe:
+        est = probed(run, config, probes, probe_seconds)
+        if isinstance(est, str):
+          source, est = est, None
       if rate:
         seconds = left / rate
-        total += seconds
+        total, low, high = total + seconds, low + seconds, high + seconds
         _print(
           f'{head} about {duration(seconds)} ({left} steps at '
           f'{rate:.3g} steps/s; {source})'
         )
+      elif est:
+        total += est['seconds']
+        low, high = low + est['low'], high + est['high']
+        num_probed += 1
+        _print(f'{head} {probed_text(est)}')
       else:
         unknown += 1
         _print(f'{head} {left} steps, time unknown ({source})')
@@ -131,8 +198,14 @@ def dry_run(runs: list[Run], bench_path: str | None) -> None:
   counted = len(runs) - unknown - skipped
   tail = [f'{skipped} finished'] if skipped else []
   tail += [f'{unknown} unknown'] if unknown else []
+  tail += [f'{num_probed} probed'] if num_probed else []
+  spread = ''
+  if num_probed:
+    from lra.lab.sweep_probe import minutes  # pylint: disable=g-import-not-at-top
+
+    spread = f' ({minutes(low)}-{minutes(high)} min)'
   _print(
-    f'Total: about {duration(total)} for {counted} '
+    f'Total: about {duration(total)}{spread} for {counted} '
     f'run{"s" * (counted != 1)}'
     + (f' ({", ".join(tail)})' if tail else '')
     + '.'

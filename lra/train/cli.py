@@ -322,3 +322,19 @@ def quiet_logs():
   unless the user asked for a verbosity."""
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
+
+
+def run_main(main, flags_parser=None):
+  """absl's app.run(main), with Ctrl-C at any moment a clean stop: one
+  line, exit status 130, no traceback (train.py's loop saves first: its
+  own handler)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  try:
+    if flags_parser is None:
+      app.run(main)
+    else:
+      app.run(main, flags_parser=flags_parser)
+  except KeyboardInterrupt:
+    print('Interrupted.', file=sys.stderr, flush=True)
+    os._exit(130)  # pylint: disable=protected-access

@@ -15,9 +15,10 @@ window counts once); a global query takes a softmax over all keys.
 
 The paper's variants, as options (`--config.model.attention.<option>`):
   window          one even size for every layer (default 512), or a comma
-                  list with one size per layer ('32,64,128': the paper grows
-                  the window with depth, section 4.1); a layer past the
-                  list's end is an error;
+                  list with one size per layer ('32,64,128', the tuple
+                  (32, 64, 128) in the config: the paper grows the window
+                  with depth, section 4.1); a list whose length is not the
+                  model's number of layers is an error;
   window_growth   with a single window w, layer l gets
                   2 * round(w * growth**l / 2) (at least 2): 2.0 doubles the
                   window every layer, 1.0 (default) keeps it constant;
@@ -199,6 +200,9 @@ class LongformerAttention(AttentionCore):
   # Global rows with global_projections: A_q, A_k act on rotated vectors
   # (relative at initialisation, when they are the identity).
   rotary = 'scores'
+  # Options that list one value per layer (registry.check_per_layer: a list
+  # must have model.num_layers items).
+  per_layer_options = ('window',)
 
   def __init__(
     self,
@@ -210,10 +214,10 @@ class LongformerAttention(AttentionCore):
     dtype,
     rngs,
     layer_index=0,
-    window: int | str = 512,
+    window: int | tuple[int, ...] = 512,
     window_growth: float = 1.0,
-    dilation: int | str = 1,
-    global_positions: int | str = 'auto',
+    dilation: int | tuple[int, ...] = 1,
+    global_positions: int | tuple[int, ...] | str = 'auto',
     global_tokens: int | str = 'auto',
     global_projections: bool = True,
   ):

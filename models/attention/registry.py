@@ -144,10 +144,47 @@ def options_of(name):
 
 
 def shown(value):
-  """A value as it is written on the command line (strings unquoted)."""
+  """A value as it is written on the command line (strings unquoted, a
+  tuple or list as a comma list)."""
+  if isinstance(value, (tuple, list)):
+    return ','.join(shown(v) for v in value) or "''"
   if isinstance(value, str):
     return value if value else "''"
   return repr(value)
+
+
+def _items(value):
+  """The items of a list option's value: a tuple or list, a comma-list
+  string (a config saved before such options were tuples), else one."""
+  if isinstance(value, str):
+    return [p for p in value.split(',') if p.strip()] or [value]
+  if isinstance(value, (tuple, list)):
+    return list(value)
+  return [value]
+
+
+def check_per_layer(options, num_layers):
+  """Raises UserError (one sentence) when a per-layer option of the core
+  (its class's `per_layer_options`, e.g. longformer's window) lists more
+  than one value but not one per layer (num_layers)."""
+  cls = get_core_class(options['name'])
+  for key in getattr(cls, 'per_layer_options', ()):
+    items = _items(options.get(key))
+    if len(items) <= 1 or len(items) == num_layers:
+      continue
+    fixed = [str(x).strip() for x in items[:num_layers]]
+    while len(fixed) < num_layers:  # longer: double the last, as an example
+      try:
+        fixed.append(str(2 * int(fixed[-1])))
+      except ValueError:
+        fixed.append(fixed[-1])
+    raise UserError(
+      f'{options["name"]} {key} lists {len(items)} values, one per layer '
+      f'({shown(tuple(items))}), but the model has '
+      f'{num_layers} layer{"s" * (num_layers != 1)} (model.num_layers); '
+      f'give one per layer, e.g. --config.model.attention.{key}='
+      f'{",".join(fixed)}, or a single value.'
+    )
 
 
 def options_text(name):
