@@ -103,6 +103,19 @@ out of memory reads "OOM", one that fails "error", one past its deadline
 "timeout" (its message is in the JSON and under the table); the rest go on.
 """
 
+import os
+import signal
+import sys
+
+# Ctrl-C before the entry point's own handling starts (imports, start-up):
+# one line, exit 130, no traceback (run as a script; importing it sets
+# nothing).
+if __name__ == '__main__':
+  signal.signal(
+    signal.SIGINT,
+    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
+  )
+
 # The measurement code is lra/lab/benchmark.py; this file is its entry point.
 from lra.lab.benchmark import run
 

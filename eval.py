@@ -35,8 +35,20 @@ python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
     lra/lab/curves.py.
 """
 
-import json
 import os
+import signal
+import sys
+
+# Ctrl-C before the entry point's own handling starts (imports, start-up):
+# one line, exit 130, no traceback (run as a script; importing it sets
+# nothing).
+if __name__ == '__main__':
+  signal.signal(
+    signal.SIGINT,
+    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
+  )
+
+import json
 import re
 
 from absl import flags

@@ -33,7 +33,18 @@ metrics.jsonl then records its `length`).
 """
 
 import os
+import signal
 import sys
+
+# Ctrl-C before the entry point's own handling starts (imports, start-up):
+# one line, exit 130, no traceback (run as a script; importing it sets
+# nothing).
+if __name__ == '__main__':
+  signal.signal(
+    signal.SIGINT,
+    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
+  )
+
 from typing import Callable
 
 from absl import flags

@@ -250,3 +250,39 @@ def test_eval_on_a_read_only_run_keeps_the_numbers(smoke_run, monkeypatch):
   assert 0.0 <= r['accuracy'] <= 1.0
   assert 'Read-only file system' in r['write_error']
   assert 'the numbers above are not saved' in r['write_error']
+
+
+def test_ctrl_c_twice_in_training_and_once_in_eval_are_clean(
+  tmp_path, smoke_run, smoke_data_dir
+):
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path / 'run'
+  proc = subprocess.Popen(
+    [sys.executable, 'train.py', f'--config={SMOKE}', f'--workdir={workdir}',
+     f'--config.data_dir={smoke_data_dir}', '--config.num_train_steps=100000',
+     '--config.eval_every_steps=100000', '--config.log_every_steps=5',
+     '--config.checkpoint_every_steps=100000'],
+    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.time() + 120
+  while not (metrics.exists() and metrics.read_text().strip()):
+    assert time.time() < deadline and proc.poll() is None
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert 'Traceback' not in err
+  # Before the loop's handler (imports, start-up): one line too.
+  proc = subprocess.Popen(
+    [sys.executable, 'eval.py', f'--workdir={smoke_run}'],
+    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  time.sleep(1.0)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode in (130, 0), err  # 0: it finished first
+  assert 'Traceback' not in err

@@ -277,7 +277,8 @@ def stop_requests():
   """A list that gets the signal's number when Ctrl-C or SIGTERM asks to
   stop: the loop then ends at the end of its current step, saves (the
   checkpoint there resumes exactly) and exits; a second Ctrl-C interrupts
-  at once. Signal handlers can only be set in the main thread; elsewhere
+  at once (exit 130, no traceback). Signal handlers can only be set in
+  the main thread; elsewhere
   the list stays empty."""
   requested = []
 
@@ -285,7 +286,20 @@ def stop_requests():
     del frame
     requested.append(signum)
     if signum == signal.SIGINT:
-      signal.signal(signal.SIGINT, signal.default_int_handler)
+      signal.signal(signal.SIGINT, stop_now)
+
+  def stop_now(signum, frame):
+    # A second Ctrl-C: stop at once, without a traceback. A save in flight
+    # is written to a temporary folder first, so the previous checkpoint
+    # stays whole; the same command resumes from it.
+    del signum, frame
+    print(
+      '\nStopped at once (a second Ctrl-C); the latest complete checkpoint '
+      'is kept: run the same command to resume.',
+      file=sys.stderr,
+      flush=True,
+    )
+    os._exit(130)  # pylint: disable=protected-access
 
   if threading.current_thread() is not threading.main_thread():
     yield requested
