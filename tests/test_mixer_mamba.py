@@ -1,4 +1,5 @@
-"""mamba: chunked scan = unchunked = a float64 step loop; init; padding."""
+"""mamba: chunked scan = unchunked = a float64 step loop, its hand-written
+backward = autodiff of a plain step loop; init; padding; memory."""
 
 import math
 
@@ -117,26 +118,79 @@ def test_chunked_scan_equals_step_loop(length, chunk, causal):
   np.testing.assert_allclose(got, ref, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize('length,chunk', [(37, 8), (100, 64)])
+def scan_inputs(length, batch=(2,), inner=6, n=5):
+  """Random selective_scan inputs [*batch, L, .], with identity steps
+  (dt = 0) inside, as padding gives; A [*batch, I, N]."""
+  u = normal(1, *batch, length, inner)
+  dt = np.logaddexp(0, normal(2, *batch, length, inner) - 2)
+  dt = dt * (np.arange(length) % 5 != 3)[:, None]
+  bm, cm = normal(3, 2, *batch, length, n)
+  a = -np.exp(normal(4, *batch, inner, n))
+  return u, dt, a, bm, cm
+
+
+# (L, chunk): one block per chunk, chunks of several blocks (20 = 2 x 10,
+# 64 = 4 x 16), L not a multiple of the chunk, one chunk over all of L.
+CHUNKINGS = [(37, 8), (37, 20), (100, 64), (100, 100)]
+
+
+@pytest.mark.parametrize('length,chunk', CHUNKINGS)
 def test_chunked_scan_equals_unchunked(length, chunk):
-  """selective_scan in chunks = one associative scan over L (and the loop),
-  with identity steps (dt = 0) inside, as padding gives."""
-  b, inner, n = 2, 6, 5
-  u = normal(1, b, length, inner)
-  dt = np.logaddexp(0, normal(2, b, length, inner) - 2)
-  dt = dt * (np.arange(length) % 5 != 3)[None, :, None]
-  bm, cm = normal(3, 2, b, length, n)
-  a = -np.exp(normal(4, inner, n))
+  """selective_scan in chunks = one chunk over L = the float64 loop,
+  with identity steps (dt = 0) inside, as padding gives; one A [I, N]
+  broadcast over the batch."""
+  u, dt, a, bm, cm = scan_inputs(length)
+  a = a[0]
   both = jax.jit(lambda *t: [selective_scan(*t, c) for c in (chunk, length)])
   got, whole = map(f64, both(u, dt, a, bm, cm))
   np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
   u, dt, a, bm, cm = map(f64, (u, dt, a, bm, cm))
-  h = np.zeros((b, inner, n))
+  b, _, inner = u.shape
+  h = np.zeros((b, inner, a.shape[-1]))
   for t in range(length):
     h = np.exp(dt[:, t, :, None] * a) * h
     h = h + (dt[:, t] * u[:, t])[..., None] * bm[:, t, None, :]
     ref_t = np.einsum('bin,bn->bi', h, cm[:, t])
     np.testing.assert_allclose(got[:, t], ref_t, rtol=1e-5, atol=1e-5)
+
+
+def step_loop_scan(u, dt, a, bm, cm):
+  """The recurrence as a plain jax.lax.scan over L (autodiff's backward)."""
+
+  def step(h, xs):
+    u_t, dt_t, b_t, c_t = xs
+    h = (
+      jnp.exp(dt_t[..., None] * a) * h
+      + (dt_t * u_t)[..., None] * b_t[..., None, :]
+    )
+    return h, jnp.einsum('...in,...n->...i', h, c_t)
+
+  xs = [jnp.moveaxis(t, -2, 0) for t in (u, dt, bm, cm)]
+  h = jnp.zeros(u.shape[:-2] + a.shape[-2:])
+  return jnp.moveaxis(jax.lax.scan(step, h, xs)[1], 0, -2)
+
+
+@pytest.mark.parametrize('length,chunk', CHUNKINGS)
+@pytest.mark.parametrize('batch', [(2,), (1,), (2, 3)])
+def test_scan_gradients_equal_autodiff(length, chunk, batch):
+  """The hand-written backward (a custom VJP) = jax's autodiff of a plain
+  step loop, for every input, with a batch of one (its axis dropped inside)
+  and two batch dims (A broadcast along the second)."""
+  u, dt, a, bm, cm = scan_inputs(length, batch)
+  if len(batch) == 2:
+    a = a[:, :1]  # [2, 1, I, N]: one A for the 3 of each row
+  w = normal(5, *u.shape)  # the cotangent of y
+
+  def grads(scan):
+    loss = lambda *t: jnp.sum(scan(*t) * w)  # noqa: E731
+    return jax.jit(jax.grad(loss, argnums=range(5)))(u, dt, a, bm, cm)
+
+  got = grads(lambda *t: selective_scan(*t, chunk))
+  ref = grads(step_loop_scan)
+  for name, g, r in zip(('u', 'dt', 'a', 'b', 'c'), got, ref):
+    assert g.shape == r.shape, name
+    scale = np.abs(f64(r)).max()
+    np.testing.assert_allclose(f64(g), f64(r), atol=2e-5 * scale, err_msg=name)
 
 
 def test_initialisation():
@@ -228,24 +282,30 @@ def test_bfloat16_and_jit():
   np.testing.assert_allclose(out, ref, atol=0.05 * np.abs(ref).max())
 
 
-def test_chunked_memory_is_smaller():
-  """XLA's temp bytes of forward + backward at L = 512: chunks of 64 keep
-  [B, 64, I, N] states at a time, one scan over 512 keeps [B, 512, I, N]."""
-  length = 512
+def test_memory_is_linear_in_length():
+  """XLA's temp bytes of forward + backward (w.r.t. x: the whole backward
+  scan) grow linearly in L, by less than one [I, N] state per position
+  (what a differentiated step loop keeps at least): the backward recomputes
+  each block's states from one kept per chunk, also with one chunk over all
+  of L. N = 64 > I = 32 makes the states outweigh the rest."""
+  emb, n = 16, 64
 
-  def temp(chunk):
-    graphdef, state = nnx.split(make(state_size=16, chunk_size=chunk))
+  def temp(length, chunk):
+    mixer = make(emb_dim=emb, state_size=n, chunk_size=chunk)
+    graphdef, state = nnx.split(mixer)
 
     def loss(x, state):
       return jnp.sum(nnx.merge(graphdef, state)(x, Mask(None, True))[0])
 
-    x = jax.ShapeDtypeStruct((1, length, E), jnp.float32)
+    x = jax.ShapeDtypeStruct((1, length, emb), jnp.float32)
     step = jax.jit(jax.grad(loss))  # w.r.t. x: the whole backward scan
     return compiled_memory(step.lower(x, state).compile())['temp']
 
-  chunked, whole = temp(64), temp(length)
-  print(f'mamba temp bytes at L={length}: chunked {chunked}, whole {whole}')
-  assert chunked < whole / 2
+  state_bytes = 2 * emb * n * 4  # one position's float32 [I, N] state
+  t256, t512, whole = temp(256, 16), temp(512, 16), temp(512, 512)
+  print(f'mamba temp bytes: L=256 {t256}, L=512 {t512}, one chunk {whole}')
+  assert 0 < t512 - t256 < 256 * state_bytes
+  assert whole - t256 < 256 * state_bytes
 
 
 def test_options_and_registry():

@@ -1,4 +1,4 @@
-"""Mamba: the selective state-space mixer, scanned in remat'd chunks.
+"""Mamba: the selective state-space mixer, a chunked scan with its own VJP.
 
 Gu, Dao, "Mamba: Linear-Time Sequence Modeling with Selective State
 Spaces" (arXiv 2312.00752), section 3 and Algorithm 2. With I = expand * E
@@ -16,24 +16,69 @@ Real, the same for every channel), D = 1, dt_bias = softplus^-1(dt) with
 dt = exp(U[log dt_min, log dt_max]) floored at 1e-4, dt_proj's kernel
 U(+-R^-1/2), the linear and conv layers PyTorch's default U(+-fan_in^-1/2).
 
-The scan: h_t is a linear recurrence run one position at a time
-(jax.lax.scan over t) on the [G, B, N, I] state, G the directions run
-together (both directions are one scan over stacked inputs; A's leading
-dims broadcast), each step computing its exp(dt_t A) and dt_t B_t x_t and
-reading y_t = C_t . h_t out at once, so no [B, L, I, N] array exists. L is
-split into chunks of C = chunk_size positions scanned one after the other
-with the state carried, each chunk rematerialised (jax.checkpoint): the
-backward pass keeps one [G, B, N, I] state per chunk and recomputes one
-chunk's steps at a time (chunk_size >= L: one chunk, no remat). Time
-O(L I N) per example and direction, 2 L I N exponentials with the remat
-(the forward pass and its recomputation); memory O(L I + (L / C) I N +
-C I N) per example and direction; state per example (recurrent inference)
-I N + I (K - 1) numbers. Scan, exponentials, conv and sums in float32; the
-projections in the compute dtype. On a CPU this is cheaper than an
-associative scan over [B, C, I, N] (this module's earlier form, 3.5-4x
-slower: log C levels of strided slices of the whole state) or per-channel
-chunked matrix forms (C times the exponentials): each step's state stays
-in cache (docs/benchmark.md).
+The scan: h_t is a linear recurrence, run one position after the other on
+an [X, N, I] state, X = G B (G the directions run together: both directions
+are one scan over stacked inputs; a size-1 X is dropped), time-major, so no
+[B, L, I, N] array exists. L is cut into chunks of C = chunk_size positions
+(16 by default), a chunk into nb = ceil(C / 16) blocks of U <= 16 positions
+(C rounded up to nb U; L padded with identity steps, dt = 0). A block's
+steps are written out one by one (no loop per position): exp(dt_t A),
+h_t and y_t = C_t . h_t (an einsum) are a few fused XLA ops on static
+slices. Chunks, and the blocks of a chunk, run one after the other
+(jax.lax.scan). The backward pass is written by hand (jax.custom_vjp,
+formulas at _scan_chunks_bwd): the forward keeps the state entering each
+chunk; the backward runs the chunks in reverse, recomputes the state
+entering each of a chunk's blocks (chunks of one block: kept), then per
+block its steps' states and exp(dt A) from that state, and runs the
+block's steps in reverse with the adjoint of h_t, its reductions over I
+and N as einsums. Time O(L I N) per example and direction; 2 L I N
+exponentials for C <= 16 (the forward and the backward's recomputation),
+3 L I N for longer chunks (and the blocks' entering states); memory
+O(L I + (L / C) I N + (C / U + 2 U) I N) per example and direction, linear
+in L at any chunk_size, one chunk of L included (tests/test_mixer_mamba.py:
+XLA's compiled bytes); state per example (recurrent inference) I N +
+I (K - 1) numbers. Scan, exponentials, conv and sums in float32; the
+projections in the compute dtype. Forward-mode differentiation (jax.jvp)
+is not defined through the custom VJP. Every per-position op of the mixer
+works on 2-D [L B, F] rows: XLA's CPU reductions fused with a product
+(its YNN fusions) ran 30-70x slower on an operand with a size-1 axis, as
+the [1, B, N, I] state of a causal scan or the parameter gradients of a
+batch of one ([1, L, I]).
+
+Measured (this project's CPU: 2 cores shared with other jobs, load 7-10;
+the mixer alone, jit(grad) of its output's weighted sum w.r.t. input and
+parameters, float32; the previous form (a jax.lax.scan step per position
+in jax.checkpoint'ed chunks of 64 on the [G, B, N, I] state) and this one
+alternating in one process, medians of 7; outputs and gradients equal to
+1.6e-6 of their largest value):
+  MQAR small (B 64, L 64, E 64, causal)     313 -> 63 ms     5.0x
+  L 1K, B 2, E 128, bidirectional           214 -> 95 ms     2.3x
+  L 2K, B 2, E 64, bidirectional            212 -> 99 ms     2.1x
+  L 4K, B 1, E 128, bidirectional           933 -> 215 ms    4.3x
+  L 4K, B 1, E 64, causal                    80 -> 52 ms     1.5x
+The scan alone on flat [X, L, I] inputs (no size-1 axis): 2.8x at MQAR's
+shapes, 1.3x at the LRA ones (16.8M-33.6M state elements, about 3.6 ns
+each for forward + backward). Where below 3x the rest of the mixer (conv,
+projections, gates: the same ops as before, 40-50 ms at L 1K, B 2,
+E 128) and the scan's per-element cost (about 12 state-sized passes
+forward + backward: XLA fuses no two of a step's reductions) bound it.
+Tried and slower on the same harness (ratios against the form kept at the
+time): per-step work precomputed for a whole chunk (exp(dt A) and dt B u
+as [C, X, N, I] arrays, an fma-only inner scan, y and the gradients as
+chunk-wide reductions), by autodiff or a custom VJP: 0.5-0.9x at the LRA
+shapes (big arrays written and read again); a custom VJP with a lax.scan
+step per position: 1.05-1.35x (kept until the unrolled blocks: the scan
+alone 1.3-2.8x); jnp.sum of products instead of einsums for the per-step
+reductions: 0.65-0.7x; recomputing h_t in the backward instead of reusing
+the recomputed states: 0.3x (XLA copied the exponentials into each use);
+Hillis-Steele doubling within a chunk: 0.2-0.3x; lax.scan unroll=4 (a bare
+fma scan): 0.7-0.85x; unrolled blocks of 8 positions: 0.5x on the scan
+alone, of 32 or 64: 0.7-0.95x; a lax.scan over a chunk's one block, or a
+chunk's states stacked and read back per block: 0.3x; the reduction over
+N of q A once per block: 0.8x; a softplus without log1p: no change. The
+earlier forms: an associative scan over [B, C, I, N] (3.5-4x slower than
+the per-step scan), chunked matrix forms (C times the exponentials),
+docs/benchmark.md.
 
 Non-causal masks (bidirectional): a second set of conv + x_proj + dt + A +
 D parameters runs the same SSM over the reversed sequence; the two
@@ -54,8 +99,8 @@ its output is zeroed at padded positions too, and the mixer's output is
 multiplied by the real mask (an all-padded example gives zeros).
 
 Deliberate differences from the authors' code (state-spaces/mamba): the
-scan is a jax.lax.scan step per position in remat'd chunks, not the
-fused CUDA kernel (same recurrence, same float32 state); in_proj, x_proj
+scan is the chunked, unrolled form above with its hand-written backward,
+not the fused CUDA kernel (same recurrence, same float32 state); in_proj, x_proj
 and out_proj use flax's dtype handling (kernels float32, matmuls in the
 compute dtype); no residual rescaling of out_proj by the depth (the
 block's business); no dropout (Mamba has none: dropout_rate is accepted
@@ -65,6 +110,7 @@ Shape names: I inner channels, N states, R dt rank, K conv width, C chunk,
 G directions, X any leading dims.
 """
 
+import functools
 import math
 
 from flax import nnx
@@ -100,63 +146,210 @@ def inverse_softplus(y):
   return y + jnp.log(-jnp.expm1(-y))
 
 
+# Positions per unrolled block: a chunk is cut into blocks of at most BLOCK
+# positions, each written out step by step (no per-step loop).
+BLOCK = 16
+
+
+def _decay(dt_XxI, a_XxNxI):
+  """exp(dt A) [X, N, I]."""
+  return jnp.exp(dt_XxI[..., None, :] * a_XxNxI)
+
+
+def _drive(dtu_XxI, b_XxN):
+  """dt B u [X, N, I] from dt u."""
+  return dtu_XxI[..., None, :] * b_XxN[..., None]
+
+
+def _blocks(step, carry, xs, blocks, reverse=False):
+  """step over a chunk's blocks: lax.scan over xs [nb, U, ...], or one
+  block (xs [U, ...]) called directly."""
+  if blocks:
+    return jax.lax.scan(step, carry, xs, reverse=reverse)
+  return step(carry, xs)
+
+
+def _block_forward(a_XxNxI, h_XxNxI, xs):
+  """One block's steps from h, unrolled: -> (h after, y [U, X, I])."""
+  u_UxXxI, dt_UxXxI, b_UxXxN, c_UxXxN = xs
+  dtu_UxXxI = dt_UxXxI * u_UxXxI
+  y = []
+  for j in range(u_UxXxI.shape[0]):
+    h_XxNxI = _decay(dt_UxXxI[j], a_XxNxI) * h_XxNxI + _drive(
+      dtu_UxXxI[j], b_UxXxN[j]
+    )
+    y.append(jnp.einsum('...ni,...n->...i', h_XxNxI, c_UxXxN[j]))
+  return h_XxNxI, jnp.stack(y)
+
+
+def _block_end(a_XxNxI, h_XxNxI, xs):
+  """One block's steps from h: -> (h after, h before)."""
+  u_UxXxI, dt_UxXxI, b_UxXxN = xs
+  dtu_UxXxI = dt_UxXxI * u_UxXxI
+  h_start = h_XxNxI
+  for j in range(u_UxXxI.shape[0]):
+    h_XxNxI = _decay(dt_UxXxI[j], a_XxNxI) * h_XxNxI + _drive(
+      dtu_UxXxI[j], b_UxXxN[j]
+    )
+  return h_XxNxI, h_start
+
+
+def _block_backward(a_XxNxI, carry, xs):
+  """One block's steps recomputed from the state h entering it, then run
+  in reverse (see _scan_chunks_bwd): -> (carry, (du, d dt, dB, dC))."""
+  gc_XxNxI, da_XxNxI = carry
+  u_UxXxI, dt_UxXxI, b_UxXxN, c_UxXxN, dy_UxXxI, h_XxNxI = xs
+  length = u_UxXxI.shape[0]
+  dtu_UxXxI = dt_UxXxI * u_UxXxI
+  decay, states = [], [h_XxNxI]  # states[j]: h_(j-1), before step j
+  for j in range(length):
+    decay.append(_decay(dt_UxXxI[j], a_XxNxI))
+    states.append(decay[j] * states[j] + _drive(dtu_UxXxI[j], b_UxXxN[j]))
+  grads = [None] * length
+  for j in reversed(range(length)):
+    dy_XxI = dy_UxXxI[j]
+    g_XxNxI = gc_XxNxI + c_UxXxN[j][..., None] * dy_XxI[..., None, :]
+    q_XxNxI = g_XxNxI * decay[j] * states[j]
+    grads[j] = (
+      jnp.einsum('...ni,...n->...i', g_XxNxI, b_UxXxN[j]),  # d(dt u)
+      jnp.sum(q_XxNxI * a_XxNxI, axis=-2),  # d dt through exp(dt A)
+      jnp.einsum('...ni,...i->...n', g_XxNxI, dtu_UxXxI[j]),  # dB
+      jnp.einsum('...ni,...i->...n', states[j + 1], dy_XxI),  # dC
+    )
+    da_XxNxI = da_XxNxI + q_XxNxI * dt_UxXxI[j][..., None, :]
+    gc_XxNxI = decay[j] * g_XxNxI
+  ddtu, ddt, db, dc = map(jnp.stack, zip(*grads))
+  return (gc_XxNxI, da_XxNxI), (ddtu * dt_UxXxI, ddt + ddtu * u_UxXxI, db, dc)
+
+
+def _scan_forward(blocks, a_XxNxI, u, dt, b, c):
+  """The chunks one after the other from h = 0: -> (y [n, (nb,) U, X, I],
+  the state entering each chunk [n, X, N, I])."""
+
+  def body(h_XxNxI, xs):
+    h_end, y = _blocks(
+      lambda h, xs: _block_forward(a_XxNxI, h, xs), h_XxNxI, xs, blocks
+    )
+    return h_end, (y, h_XxNxI)
+
+  h_XxNxI = jnp.zeros(a_XxNxI.shape, jnp.float32)
+  _, (y, h_nxXxNxI) = jax.lax.scan(body, h_XxNxI, (u, dt, b, c))
+  return y, h_nxXxNxI
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scan_chunks(blocks, a_XxNxI, u, dt, b, c):
+  """y_t = C_t . h_t, h_t = exp(dt_t A) h_(t-1) + dt_t B_t u_t, h_-1 = 0,
+  on time-major chunks: u, dt [n, nb, U, X, I], B, C [n, nb, U, X, N]
+  (blocks: True), or of one block, without the nb axis (blocks: False);
+  float32 y, shaped as u."""
+  return _scan_forward(blocks, a_XxNxI, u, dt, b, c)[0]
+
+
+def _scan_chunks_fwd(blocks, a_XxNxI, u, dt, b, c):
+  y, h_nxXxNxI = _scan_forward(blocks, a_XxNxI, u, dt, b, c)
+  return y, (a_XxNxI, u, dt, b, c, h_nxXxNxI)
+
+
+def _scan_chunks_bwd(blocks, res, dy):
+  """Chunks in reverse, from the state kept at each chunk's start: the
+  states entering the chunk's blocks again (a chunk of one block: that
+  state), then the blocks in reverse, each recomputing its steps' states
+  and running them in reverse with the adjoint
+  g_t = C_t dy_t + exp(dt_(t+1) A) g_(t+1) of h_t (carried as
+  gc = exp(dt_t A) g_t): du_t = dt_t sum_n g_t B_t, dB_t = sum_i g_t dt_t u_t,
+  dC_t = sum_i h_t dy_t, d dt_t = u_t sum_n g_t B_t + sum_n A q_t and
+  dA = sum_t dt_t q_t, with q_t = g_t exp(dt_t A) h_(t-1)."""
+  a_XxNxI, u, dt, b, c, h_nxXxNxI = res
+
+  def body(carry, xs):
+    u_, dt_, b_, c_, h_XxNxI, dy_ = xs
+    if blocks:  # the state entering each block [nb, X, N, I]
+      _, h_XxNxI = jax.lax.scan(
+        lambda h, xs: _block_end(a_XxNxI, h, xs), h_XxNxI, (u_, dt_, b_)
+      )
+    return _blocks(
+      lambda carry, xs: _block_backward(a_XxNxI, carry, xs),
+      carry,
+      (u_, dt_, b_, c_, dy_, h_XxNxI),
+      blocks,
+      reverse=True,
+    )
+
+  zeros = jnp.zeros(a_XxNxI.shape, jnp.float32)
+  (_, da_XxNxI), (du, ddt, db, dc) = jax.lax.scan(
+    body, (zeros, zeros), (u, dt, b, c, h_nxXxNxI, dy), reverse=True
+  )
+  return da_XxNxI, du, ddt, db, dc
+
+
+_scan_chunks.defvjp(_scan_chunks_fwd, _scan_chunks_bwd)
+
+
+def scan_time_major(u_LxXxI, dt_LxXxI, a_XxNxI, b_LxXxN, c_LxXxN, chunk):
+  """y_t = C_t . h_t, h_t = exp(dt_t A) h_(t-1) + dt_t B_t u_t, h_-1 = 0,
+  time-major: u, dt [L, X, I], A [X, N, I], B, C [L, X, N], X one flat
+  batch axis; float32 [L, X, I]. Chunks of C = min(chunk, L) positions
+  (rounded up to nb blocks of U <= BLOCK positions), L padded with
+  identity steps (dt = 0)."""
+  length, x, inner = u_LxXxI.shape
+  nb = -(-min(chunk, length) // BLOCK)
+  u_len = -(-min(chunk, length) // nb)
+  n = -(-length // (nb * u_len))
+  # A size-1 X is dropped: XLA's CPU reductions are slow on a size-1 axis.
+  xs = (x,) if x > 1 else ()
+
+  # [L, X, F] -> [n, (nb,) U, X, F]; zeros: identity steps.
+  def chunks(t):
+    t = t.astype(jnp.float32)
+    t = jnp.pad(t, ((0, n * nb * u_len - length), (0, 0), (0, 0)))
+    return t.reshape((n, *(nb,) * (nb > 1), u_len, *xs, t.shape[-1]))
+
+  a_XxNxI = a_XxNxI.astype(jnp.float32).reshape((*xs, *a_XxNxI.shape[-2:]))
+  y = _scan_chunks(
+    nb > 1, a_XxNxI, *map(chunks, (u_LxXxI, dt_LxXxI, b_LxXxN, c_LxXxN))
+  )
+  return y.reshape(n * nb * u_len, x, inner)[:length]
+
+
 def selective_scan(u_XxLxI, dt_XxLxI, a_XxIxN, b_XxLxN, c_XxLxN, chunk):
   """y_t = C_t . h_t, h_t = exp(dt_t A) h_(t-1) + dt_t B_t u_t, h_-1 = 0.
 
   float32 [X, L, I] for any leading dims X (a batch, or directions x batch;
-  A's leading dims broadcast against them). One sequential step per
-  position on the [X, N, I] state, in chunks of min(chunk, L) positions
-  (L padded with identity steps, dt = 0), each chunk rematerialised
-  (jax.checkpoint): the backward pass keeps the state at each chunk's start
-  and one chunk's steps at a time.
+  A's leading dims broadcast against them): scan_time_major on the leading
+  dims flattened, in chunks of min(chunk, L) positions.
   """
-  f32 = lambda t: t.astype(jnp.float32)  # noqa: E731
-  u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN = map(
-    f32, (u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN)
-  )
-  # [N, I]: the state's minor axis is the long one, I.
-  a_XxNxI = jnp.swapaxes(f32(a_XxIxN), -1, -2)
   *batch, length, inner = u_XxLxI.shape
-  c = min(chunk, length)
-  n = -(-length // c)
+  states = b_XxLxN.shape[-1]
+  x = math.prod(batch)
+  a_XxNxI = jnp.swapaxes(
+    jnp.broadcast_to(a_XxIxN, (*batch, inner, states)), -1, -2
+  ).reshape(x, states, inner)
 
-  def step(h_XxNxI, xs):
-    u_XxI, dt_XxI, b_XxN, c_XxN = xs
-    decay_XxNxI = jnp.exp(dt_XxI[..., None, :] * a_XxNxI)
-    drive_XxNxI = (dt_XxI * u_XxI)[..., None, :] * b_XxN[..., None]
-    h_XxNxI = decay_XxNxI * h_XxNxI + drive_XxNxI
-    return h_XxNxI, jnp.sum(h_XxNxI * c_XxN[..., None], axis=-2)
+  def time_major(t):  # [X..., L, F] -> [L, X, F]
+    return jnp.swapaxes(t.reshape(x, length, t.shape[-1]), 0, 1)
 
-  def body(h_XxNxI, xs):  # one chunk: xs [C, X, F]
-    return jax.lax.scan(step, h_XxNxI, xs)
-
-  def chunks(t):  # [X, L, F] -> [n, C, X, F]; zeros are identity steps.
-    t = jnp.moveaxis(t, -2, 0)
-    t = jnp.pad(t, ((0, n * c - length),) + ((0, 0),) * (t.ndim - 1))
-    return t.reshape((n, c) + t.shape[1:])
-
-  h_XxNxI = jnp.zeros((*batch, *a_XxNxI.shape[-2:]), jnp.float32)
-  xs = tuple(map(chunks, (u_XxLxI, dt_XxLxI, b_XxLxN, c_XxLxN)))
-  if n == 1:
-    y_CxXxI = body(h_XxNxI, jax.tree.map(lambda t: t[0], xs))[1]
-  else:
-    _, y_NxCxXxI = jax.lax.scan(jax.checkpoint(body), h_XxNxI, xs)
-    y_CxXxI = y_NxCxXxI.reshape((n * c, *batch, inner))
-  return jnp.moveaxis(y_CxXxI[:length], 0, -2)
+  y_LxXxI = scan_time_major(
+    *map(time_major, (u_XxLxI, dt_XxLxI)),
+    a_XxNxI,
+    *map(time_major, (b_XxLxN, c_XxLxN)),
+    chunk,
+  )
+  return jnp.swapaxes(y_LxXxI, 0, 1).reshape(*batch, length, inner)
 
 
-def causal_conv(x_BxLxI, w_KxI, bias_I):
-  """Depthwise causal conv: y_t = bias + sum_j w_j x_(t - K + 1 + j), the
-  inputs before the start taken as zero (PyTorch's Conv1d, padding K - 1,
-  truncated to L). float32."""
-  k, length = w_KxI.shape[0], x_BxLxI.shape[1]
-  x_BxLxI = jnp.pad(x_BxLxI.astype(jnp.float32), ((0, 0), (k - 1, 0), (0, 0)))
-  y_BxLxI = jnp.zeros_like(x_BxLxI[:, :length]) + bias_I.astype(jnp.float32)
+def causal_conv(x_LxBxI, w_KxI, bias_I):
+  """Depthwise causal conv along L: y_t = bias + sum_j w_j x_(t - K + 1 + j),
+  the inputs before the start taken as zero (PyTorch's Conv1d, padding
+  K - 1, truncated to L). Time-major x [L, B, I]; float32 rows [L B, I]."""
+  length, b, inner = x_LxBxI.shape
+  k = w_KxI.shape[0]
+  x_LxBxI = jnp.pad(x_LxBxI.astype(jnp.float32), ((k - 1, 0), (0, 0), (0, 0)))
+  y_RxI = bias_I.astype(jnp.float32)
   for j in range(k):
-    y_BxLxI = (
-      y_BxLxI + w_KxI[j].astype(jnp.float32) * x_BxLxI[:, j : j + length]
-    )
-  return y_BxLxI
+    x_RxI = x_LxBxI[j : j + length].reshape(length * b, inner)
+    y_RxI = y_RxI + w_KxI[j].astype(jnp.float32) * x_RxI
+  return y_RxI
 
 
 class MambaDirection(nnx.Module):
@@ -198,22 +391,22 @@ class MambaDirection(nnx.Module):
     self.rank, self.state = rank, state
     self.dtype = dtype
 
-  def scan_inputs(self, x_BxLxI, real_BxL):
-    """x float32, zero at padded positions -> the scan's inputs, float32:
-    (u [B, L, I], dt [B, L, I], A [I, N], B [B, L, N], C [B, L, N])."""
-    keep_BxLx1 = real_BxL[:, :, None]
-    u_BxLxI = jax.nn.silu(causal_conv(x_BxLxI, self.conv_KxI, self.conv_bias_I))
-    u_BxLxI = jnp.where(keep_BxLx1, u_BxLxI, 0.0)
-    dbl_BxLxF = self.x_proj(u_BxLxI.astype(self.dtype)).astype(jnp.float32)
+  def scan_inputs(self, x_LxBxI, keep_Rx1):
+    """x float32 time-major, zero at padded positions; keep_Rx1 the real
+    mask as rows -> the scan's inputs, float32 rows (R = L B, time-major):
+    (u [R, I], dt [R, I], A [I, N], B [R, N], C [R, N])."""
+    u_RxI = jax.nn.silu(causal_conv(x_LxBxI, self.conv_KxI, self.conv_bias_I))
+    u_RxI = jnp.where(keep_Rx1, u_RxI, 0.0)
+    dbl_RxF = self.x_proj(u_RxI.astype(self.dtype)).astype(jnp.float32)
     r, n = self.rank, self.state
-    dt_BxLxR = dbl_BxLxF[..., :r]
-    b_BxLxN, c_BxLxN = dbl_BxLxF[..., r : r + n], dbl_BxLxF[..., r + n :]
-    dt_BxLxI = self.dt_proj(dt_BxLxR.astype(self.dtype)).astype(jnp.float32)
-    dt_BxLxI = jax.nn.softplus(dt_BxLxI + self.dt_bias_I[...])
+    dt_RxR = dbl_RxF[:, :r]
+    b_RxN, c_RxN = dbl_RxF[:, r : r + n], dbl_RxF[:, r + n :]
+    dt_RxI = self.dt_proj(dt_RxR.astype(self.dtype)).astype(jnp.float32)
+    dt_RxI = jax.nn.softplus(dt_RxI + self.dt_bias_I[...])
     # A padded step is the identity: exp(0 A) = 1, 0 B x = 0.
-    dt_BxLxI = jnp.where(keep_BxLx1, dt_BxLxI, 0.0)
+    dt_RxI = jnp.where(keep_Rx1, dt_RxI, 0.0)
     a_IxN = -jnp.exp(self.a_log_IxN[...])
-    return u_BxLxI, dt_BxLxI, a_IxN, b_BxLxN, c_BxLxN
+    return u_RxI, dt_RxI, a_IxN, b_RxN, c_RxN
 
 
 @register('mamba')
@@ -236,7 +429,7 @@ class Mamba(SequenceMixer):
     dt_rank=0,
     dt_min=0.001,
     dt_max=0.1,
-    chunk_size=64,
+    chunk_size=16,
   ):
     """Args (own options):
     expand: inner channels I = expand * emb_dim.
@@ -244,7 +437,8 @@ class Mamba(SequenceMixer):
     conv_width: K, the causal depthwise conv's width.
     dt_rank: R, the rank of the dt projection; 0: ceil(emb_dim / 16).
     dt_min, dt_max: range of the initial dt (log-uniform).
-    chunk_size: positions per scan chunk (>= L: one unchunked scan).
+    chunk_size: C, positions per scan chunk: the backward keeps one state
+      per chunk (>= L: one chunk; past 16, cut into blocks of <= 16).
     """
     del num_heads, max_length, dropout_rate, layer_index
     expand = int_option('mamba', 'expand', expand, 1, 2)
@@ -253,7 +447,7 @@ class Mamba(SequenceMixer):
     rank = int_option('mamba', 'dt_rank', dt_rank, 0, 0) or math.ceil(
       emb_dim / 16
     )
-    self.chunk_size = int_option('mamba', 'chunk_size', chunk_size, 1, 64)
+    self.chunk_size = int_option('mamba', 'chunk_size', chunk_size, 1, 16)
     dt_min, dt_max = step_range_option('mamba', dt_min, dt_max)
     inner = expand * emb_dim
     self.inner, self.num_states, self.conv_width = inner, state, width
@@ -276,28 +470,38 @@ class Mamba(SequenceMixer):
 
   def __call__(self, x_BxLxE, mask, *, rngs=None):
     del rngs
-    b, length, _ = x_BxLxE.shape
-    real = real_BxL(mask, b, length)
-    xz_BxLx2I = self.in_proj(zero_padded(x_BxLxE, mask).astype(self.dtype))
-    xz_BxLx2I = xz_BxLx2I.astype(jnp.float32)
-    x_BxLxI = jnp.where(real[:, :, None], xz_BxLx2I[..., : self.inner], 0.0)
-    z_BxLxI = xz_BxLx2I[..., self.inner :]
-    flip = lambda t: t[:, ::-1]  # noqa: E731
-    directions = [(self.fwd, x_BxLxI, real)]
+    b, length, emb = x_BxLxE.shape
+    rows, inner = length * b, self.inner
+    # Time-major rows [L B, F] throughout: the scan's layout, and 2-D
+    # arrays for every per-position op (XLA's CPU reductions, as the
+    # gradients of per-channel parameters, are slow on a size-1 axis).
+    tm = lambda t: jnp.swapaxes(t, 0, 1)  # noqa: E731
+    keep_Rx1 = tm(real_BxL(mask, b, length)).reshape(rows, 1)
+    x_RxE = tm(zero_padded(x_BxLxE, mask).astype(self.dtype)).reshape(rows, emb)
+    xz_Rx2I = self.in_proj(x_RxE).astype(jnp.float32)
+    x_RxI = jnp.where(keep_Rx1, xz_Rx2I[:, :inner], 0.0)
+    x_LxBxI = x_RxI.reshape(length, b, inner)
+    z_RxI = xz_Rx2I[:, inner:]
+    flip = lambda t: t.reshape(length, b, -1)[::-1].reshape(rows, -1)  # noqa: E731
+    directions = [(self.fwd, x_LxBxI, keep_Rx1)]
     if not mask.causal:
-      directions.append((self.bwd, flip(x_BxLxI), flip(real)))
-    # Both directions in one scan: inputs stacked as [G, B, L, .].
-    per_direction = [d.scan_inputs(x, r) for d, x, r in directions]
-    u, dt, a, bm, cm = (jnp.stack(t) for t in zip(*per_direction))
-    y_GxBxLxI = selective_scan(u, dt, a[:, None], bm, cm, self.chunk_size)
-    y_GxBxLxI = (
-      y_GxBxLxI
-      + jnp.stack([d.d_I[...] for d, _, _ in directions])[:, None, None] * u
+      directions.append((self.bwd, x_LxBxI[::-1], flip(keep_Rx1)))
+    # Both directions in one scan: X = G B, direction-major.
+    u, dt, a, bm, cm = zip(*(d.scan_inputs(x, k) for d, x, k in directions))
+
+    def stack(ts):  # G [L B, F] -> [L, G B, F]
+      return jnp.concatenate([t.reshape(length, b, -1) for t in ts], 1)
+
+    a_XxNxI = jnp.repeat(jnp.swapaxes(jnp.stack(a), 1, 2), b, axis=0)
+    y_LxXxI = scan_time_major(
+      stack(u), stack(dt), a_XxNxI, stack(bm), stack(cm), self.chunk_size
     )
-    y_BxLxI = y_GxBxLxI[0]
-    if not mask.causal:
-      y_BxLxI = y_BxLxI + flip(y_GxBxLxI[1])
-    y_BxLxI = y_BxLxI * jax.nn.silu(z_BxLxI)
-    out_BxLxE = self.out_proj(y_BxLxI.astype(self.dtype))
-    out_BxLxE = jnp.where(real[:, :, None], out_BxLxE, 0)
-    return out_BxLxE.astype(x_BxLxE.dtype), {}
+    y_RxI = None
+    for i, (d, _, _) in enumerate(directions):
+      y_i = y_LxXxI[:, i * b : (i + 1) * b].reshape(rows, inner)
+      y_i = y_i + d.d_I[...] * u[i]
+      y_RxI = y_i if i == 0 else y_RxI + flip(y_i)
+    y_RxI = y_RxI * jax.nn.silu(z_RxI)
+    out_RxE = self.out_proj(y_RxI.astype(self.dtype))
+    out_RxE = jnp.where(keep_Rx1, out_RxE, 0)
+    return tm(out_RxE.reshape(length, b, emb)).astype(x_BxLxE.dtype), {}
