@@ -1,9 +1,7 @@
 """`python -m lra.devicecheck`: the spelling kept from before the floors; the
 module is lra/lab/devicecheck.py (`python -m lra.lab.devicecheck`, console script lra-devicecheck)."""
 
-import sys
-
-from lra.lab.devicecheck import main
+from lra.lab.devicecheck import run
 
 if __name__ == '__main__':
-  sys.exit(main())
+  run()

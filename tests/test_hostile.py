@@ -286,3 +286,26 @@ def test_ctrl_c_twice_in_training_and_once_in_eval_are_clean(
   _, err = proc.communicate(timeout=120)
   assert proc.returncode in (130, 0), err  # 0: it finished first
   assert 'Traceback' not in err
+
+
+def test_out_of_memory_is_one_sentence_and_leaves_no_workdir(
+  tmp_path, smoke_data_dir, monkeypatch
+):
+  from configs import listops  # pylint: disable=g-import-not-at-top
+  from lra.train import loop  # pylint: disable=g-import-not-at-top
+  import train as train_entry  # pylint: disable=g-import-not-at-top
+
+  config = listops.get_config('transformer,smoke')
+  config.data_dir = smoke_data_dir
+  workdir = str(tmp_path / 'new_run')
+
+  def exhausted(*args, **kwargs):
+    raise RuntimeError(
+      'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 42.0GiB.'
+    )
+
+  monkeypatch.setattr(loop, 'run', exhausted)
+  with pytest.raises(UserError, match='does not fit in memory') as e:
+    train_entry.train_and_evaluate(config, workdir)
+  assert '--config.batch_size' in str(e.value)
+  assert not os.path.exists(workdir)

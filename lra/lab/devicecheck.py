@@ -525,5 +525,15 @@ def main(argv=None):
     sys.exit(2)
 
 
+def run():
+  """The command line: Ctrl-C is one line, exit 130 (the cells run in
+  their own process groups; what they wrote so far is kept)."""
+  try:
+    main()
+  except KeyboardInterrupt:
+    print('Interrupted.', file=sys.stderr)
+    sys.exit(130)
+
+
 if __name__ == '__main__':
-  main()
+  run()

@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -641,8 +642,32 @@ def train_and_evaluate(
   when given, is called after each step (tests: a kill at a chosen step)."""
   select = check_inputs(config, workdir, rules)
   t, changes = make_trainer(config, workdir, rules)
+  fresh = not os.path.exists(workdir)
   with workdir_lock(workdir, processes.is_primary()):
-    return run(t, workdir, select, changes, rules, on_step)
+    try:
+      return run(t, workdir, select, changes, rules, on_step)
+    except Exception as e:  # pylint: disable=broad-except
+      if not out_of_memory(e):
+        raise
+      if fresh and not any(saved_steps(workdir).values()):
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is kept
+      raise memory_error(config) from None
+
+
+def out_of_memory(e: Exception) -> bool:
+  """Whether XLA ran out of memory (compiling or running a step)."""
+  text = f'{type(e).__name__} {e}'.lower()
+  return 'resource_exhausted' in text or 'out of memory' in text
+
+
+def memory_error(config: ConfigDict) -> UserError:
+  """The one sentence for a step that does not fit in memory."""
+  return UserError(
+    f'The model does not fit in memory at batch_size {config.batch_size} '
+    f'and max_length {config.max_length}; lower --config.batch_size (with '
+    '--config.grad_accum_steps to keep the effective batch), '
+    '--config.max_length, or set --config.model.remat=True.'
+  )
 
 
 def run(t, workdir, select, changes, rules, on_step):
