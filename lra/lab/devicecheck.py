@@ -525,7 +525,7 @@ def main(argv=None):
     sys.exit(2)
 
 
-def run():
+def cli():
   """The command line: Ctrl-C is one line, exit 130 (the cells run in
   their own process groups; what they wrote so far is kept)."""
   try:
@@ -536,4 +536,4 @@ def run():
 
 
 if __name__ == '__main__':
-  run()
+  cli()
