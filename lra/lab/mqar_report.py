@@ -283,7 +283,8 @@ def _styles(names):
 
 def width_plot(rows: list[dict], path: str) -> None:
   """Zoology's Figure 2 form: per training setting a panel of test
-  accuracy against model width (log2 axis), one line per model."""
+  accuracy against model width (log2 axis), one line per model; a hollow
+  marker is a point whose learning-rate grid has not all finished."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -292,28 +293,34 @@ def width_plot(rows: list[dict], path: str) -> None:
   settings = settings_of(rows)
   names = list(dict.fromkeys(_label(r) for r in rows))
   style = _styles(names)
+  widths = sorted({r['width'] for r in rows})
   fig, axes = plt.subplots(
-    1, len(settings), figsize=(5 * len(settings) + 3, 4.6), squeeze=False
+    1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
   )
   for ax, (length, pairs) in zip(axes[0], settings):
     for name in names:
       pts = sorted(
-        (r['width'], 100 * (r['curve'].get(pairs) or 0.0))
+        (r['width'], 100 * (r['curve'].get(pairs) or 0.0), r['complete'])
         for r in rows
         if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
       )
       if not pts:
         continue
       colour, marker, line = style[name]
+      xs, ys, _ = zip(*pts)
       ax.plot(
-        *zip(*pts),
-        marker=marker,
-        color=colour,
-        linestyle=line,
-        label=name,
-        markersize=6,
-      )
+        xs, ys, color=colour, linestyle=line, label=name, marker=marker,
+        markersize=7,
+      )  # fmt: skip
+      for x, y, complete in pts:
+        if not complete:  # hollow over the filled marker
+          ax.plot(
+            [x], [y], marker=marker, color=colour, markersize=7,
+            markerfacecolor='white', linestyle='none',
+          )  # fmt: skip
     ax.set_xscale('log', base=2)
+    ax.set_xticks(widths, [str(w) for w in widths])
+    ax.minorticks_off()
     ax.set_xlabel('model width (emb_dim)')
     ax.set_ylabel('test accuracy (%)')
     ax.set_ylim(-2, 102)
@@ -325,9 +332,12 @@ def width_plot(rows: list[dict], path: str) -> None:
       if lab not in labels:
         handles.append(h)
         labels.append(lab)
-  fig.legend(handles, labels, loc='center right', fontsize=9)
-  fig.tight_layout(rect=(0, 0, 1 - 2.6 / fig.get_size_inches()[0], 1))
-  fig.savefig(path, dpi=110)
+  axes[0][-1].legend(
+    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
+    fontsize=9, title='hollow: grid unfinished', title_fontsize=8,
+  )  # fmt: skip
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
 
 
@@ -346,7 +356,7 @@ def curves_plot(rows: list[dict], path: str) -> None:
   names = list(dict.fromkeys(_label(r) for r in rows))
   style = _styles(names)
   fig, axes = plt.subplots(
-    1, len(settings), figsize=(5 * len(settings) + 3, 4.6), squeeze=False
+    1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
   )
   for ax, (length, pairs) in zip(axes[0], settings):
     for name in names:
@@ -386,9 +396,11 @@ def curves_plot(rows: list[dict], path: str) -> None:
       if lab not in labels:
         handles.append(h)
         labels.append(lab)
-  fig.legend(handles, labels, loc='center right', fontsize=9)
-  fig.tight_layout(rect=(0, 0, 1 - 2.9 / fig.get_size_inches()[0], 1))
-  fig.savefig(path, dpi=110)
+  axes[0][-1].legend(
+    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=9
+  )
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
 
 
