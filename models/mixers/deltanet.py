@@ -29,8 +29,8 @@ for l <= j (exponents <= 0), and the pseudo-values u_j = beta_j (v_j -
 k_j alpha_j S_(j-1)) (so S_j = alpha_j S_(j-1) + k_j^T u_j), U solves
   (I + tril(diag(beta) (Gamma (.) K K^T), -1)) U = diag(beta) (V - e^b K S)
 i.e. with T = (I + tril(diag(beta) (Gamma (.) K K^T), -1))^-1 diag(beta),
-W = T (e^b (.) K) and U0 = T V (one triangular solve,
-jax.scipy.linalg.solve_triangular, unit diagonal): U = U0 - W S. Then
+W = T (e^b (.) K) and U0 = T V (one unit lower triangular solve, by
+ceil(log2 C) matmuls: unit_lower_solve): U = U0 - W S. Then
   O = (e^b (.) Q) S + (tril(Q K^T) (.) Gamma) U
   S' = e^(b_C) S + (e^(b_C - b) (.) K)^T U
 by matmuls, and a jax.lax.scan over the chunks carries the [K, V] state.
@@ -130,6 +130,25 @@ DT_RANGE = (0.001, 0.1)
 DT_FLOOR = 1e-4
 
 
+def unit_lower_solve(a_XxCxC, rhs_XxCxF):
+  """(I + A)^-1 rhs for a strictly lower triangular A, by matmuls only:
+  -A is nilpotent ((-A)^C = 0), so (I + A)^-1 = sum_k (-A)^k =
+  prod_j (I + (-A)^(2^j)) over 2^j < C, applied to rhs in ceil(log2 C)
+  steps. Exact algebra (the same inverse as a triangular solve), and no
+  LAPACK custom call: XLA's CPU backend runs it with the rest of the step
+  (a triangular solve's custom call under a 4-device CPU mesh was seen to
+  stall a test run on an oversubscribed 2-core machine)."""
+  p_XxCxC = -a_XxCxC
+  y_XxCxF = rhs_XxCxF
+  span = 1
+  while span < a_XxCxC.shape[-1]:
+    y_XxCxF = y_XxCxF + _einsum('xij,xjf->xif', p_XxCxC, y_XxCxF)
+    span *= 2
+    if span < a_XxCxC.shape[-1]:
+      p_XxCxC = _einsum('xij,xjk->xik', p_XxCxC, p_XxCxC)
+  return y_XxCxF
+
+
 def _einsum(spec, *operands):
   return jnp.einsum(spec, *operands, precision=_HIGHEST)
 
@@ -159,12 +178,7 @@ def delta_chunk_step(s_XxKxV, xs):
   rhs_XxCxF = beta_XxC[..., None] * jnp.concatenate(
     [decay_XxCx1 * k_XxCxK, v_XxCxV], axis=-1
   )
-  wu_XxCxF = jax.scipy.linalg.solve_triangular(
-    a_XxCxC + jnp.eye(c, dtype=_F32),
-    rhs_XxCxF,
-    lower=True,
-    unit_diagonal=True,
-  )
+  wu_XxCxF = unit_lower_solve(a_XxCxC, rhs_XxCxF)
   w_XxCxK, u_XxCxV = wu_XxCxF[..., :kd], wu_XxCxF[..., kd:]
   u_XxCxV = u_XxCxV - _einsum('xck,xkv->xcv', w_XxCxK, s_XxKxV)
   qk_XxCxC = _einsum('xik,xjk->xij', q_XxCxK, k_XxCxK) * gamma_XxCxC
