@@ -316,9 +316,13 @@ def evaluate_checkpoint(
 
 
 def main(argv):
-  del argv
   cli.quiet_logs()
   try:
+    if len(argv) > 1:
+      raise UserError(
+        f'unexpected argument {argv[1]!r}; flags are written --name=value '
+        '(see --help).'
+      )
     if _OVERRIDES and not _WORKDIR.value:
       raise UserError(
         f'{_OVERRIDES[0].split("=", 1)[0]} needs --workdir DIR, the run to '

@@ -309,3 +309,18 @@ def test_out_of_memory_is_one_sentence_and_leaves_no_workdir(
     train_entry.train_and_evaluate(config, workdir)
   assert '--config.batch_size' in str(e.value)
   assert not os.path.exists(workdir)
+
+
+def test_stray_argument_to_eval_is_one_line(smoke_run):
+  proc = subprocess.run(
+    [sys.executable, 'eval.py', f'--workdir={smoke_run}', 'extra'],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+    "error: unexpected argument 'extra'; flags are written --name=value "
+    '(see --help).'
+  ]
