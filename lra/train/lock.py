@@ -39,9 +39,10 @@ def workdir_lock(workdir: str, primary: bool = True):
       if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
         raise
       holder = os.pread(fd, 512, 0).decode(errors='replace').strip()
+      holder = holder or 'a running process'
       raise UserError(
-        f'{workdir} is in use by another training ({holder or "a running process"}); '
-        'wait for it to finish or stop it, or give another --workdir.'
+        f'{workdir} is in use by another training ({holder}); wait for it '
+        'to finish or stop it, or give another --workdir.'
       ) from None
     os.ftruncate(fd, 0)
     os.pwrite(

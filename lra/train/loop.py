@@ -55,9 +55,7 @@ class ConfigRules:
   labels the run by them)."""
 
   check_attention: Callable[[ConfigDict], None] = lambda config: None
-  predated_defaults: Callable[[ConfigDict], ConfigDict | None] = lambda config: (
-    None
-  )
+  predated_defaults: Callable[[ConfigDict], ConfigDict | None] = lambda _: None
   changed_options: Callable[[ConfigDict], dict] = lambda config: {}
 
   @classmethod
