@@ -6,7 +6,7 @@ reads each sweep folder's sweep.json (python -m lra.lab.sweep --tasks mqar
 ..., with or without --grid) and writes into --out:
 
   mqar.md    one row per (model, data form, width): the learning rate (or
-             other grid combination) chosen on validation (lra/lab/sweep_grid.py:
+             other grid combination) chosen on validation (sweep_grid.py:
              best validation accuracy), how many grid runs finished (the
              choice is among those), and the test accuracy of that run
              at each number of key-value pairs at the training length, then
@@ -205,20 +205,20 @@ def plot(rows: list[dict], path: str) -> None:
         xs, ys, marker=marker, color=colour, linestyle=line, label=_label(r)
       )
     ax.set_xscale('log', base=2)
+    pairs = sorted({p for r in rows for p in r['curve']})
+    ax.set_xticks(pairs, [str(p) for p in pairs])
+    ax.minorticks_off()
     ax.set_xlabel(f'key-value pairs (length {first[0]})')
     ax.set_ylabel('test accuracy (%)')
     ax.set_ylim(-2, 102)
     ax.set_title(f'MQAR, width {width}')
     ax.grid(True, alpha=0.3)
-  handles, labels = [], []
-  for ax in axes[0]:
-    for h, lab in zip(*ax.get_legend_handles_labels()):
-      if lab not in labels:
-        handles.append(h)
-        labels.append(lab)
-  fig.legend(handles, labels, loc='center right', fontsize=8)
-  fig.tight_layout(rect=(0, 0, 1 - 2.3 / fig.get_size_inches()[0], 1))
-  fig.savefig(path, dpi=110)
+  handles, labels = _shared_legend(axes[0])
+  axes[0][-1].legend(
+    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=9
+  )
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
 
 
@@ -265,20 +265,25 @@ def _label(r):
 
 
 def _styles(names):
-  """{name: (colour, marker, linestyle)}: a qualitative palette of 10
-  colours, then the same colours with another marker and line style."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  """{name: (colour, marker, linestyle)} from the project's one palette
+  (lra/lab/plotstyle.py: tab10, then line styles and markers past 8)."""
+  from lra.lab import plotstyle  # pylint: disable=g-import-not-at-top
 
-  colours = matplotlib.colormaps['tab10']
-  markers, lines = 'osD^vP*Xh<', ('-', '--', ':')
   return {
-    n: (
-      colours(i % 10),
-      markers[(i // 10 + i) % len(markers)],
-      lines[i // 10 % 3],
-    )
-    for i, n in enumerate(names)
+    n: (st['color'], st['marker'], st['linestyle'])
+    for n, st in plotstyle.series_styles(names, marker='o').items()
   }
+
+
+def _shared_legend(axes):
+  """(handles, labels) of every panel's lines, each label once."""
+  handles, labels = [], []
+  for ax in axes:
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+      if lab not in labels:
+        handles.append(h)
+        labels.append(lab)
+  return handles, labels
 
 
 def width_plot(rows: list[dict], path: str) -> None:
@@ -326,12 +331,7 @@ def width_plot(rows: list[dict], path: str) -> None:
     ax.set_ylim(-2, 102)
     ax.set_title(f'MQAR: length {length}, {pairs} pairs')
     ax.grid(True, alpha=0.3)
-  handles, labels = [], []
-  for ax in axes[0]:
-    for h, lab in zip(*ax.get_legend_handles_labels()):
-      if lab not in labels:
-        handles.append(h)
-        labels.append(lab)
+  handles, labels = _shared_legend(axes[0])
   axes[0][-1].legend(
     handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
     fontsize=9, title='hollow: grid unfinished', title_fontsize=8,
@@ -390,12 +390,7 @@ def curves_plot(rows: list[dict], path: str) -> None:
     ax.set_ylim(-2, 102)
     ax.set_title(f'MQAR: length {length}, {pairs} pairs (widest width)')
     ax.grid(True, alpha=0.3)
-  handles, labels = [], []
-  for ax in axes[0]:
-    for h, lab in zip(*ax.get_legend_handles_labels()):
-      if lab not in labels:
-        handles.append(h)
-        labels.append(lab)
+  handles, labels = _shared_legend(axes[0])
   axes[0][-1].legend(
     handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=9
   )

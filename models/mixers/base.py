@@ -180,3 +180,9 @@ def causal_conv(x_BxLxF, w_KxF, bias_F):
       y_BxLxF + w_KxF[j].astype(jnp.float32) * x_BxLxF[:, j : j + length]
     )
   return y_BxLxF
+
+
+def inverse_softplus(y):
+  """x with softplus(x) = y (y > 0): y + log(1 - exp(-y)); the dt bias
+  initialisation of mamba, mamba2 and gated deltanet."""
+  return y + jnp.log(-jnp.expm1(-y))

@@ -108,6 +108,7 @@ from models.mixers.base import (
   SequenceMixer,
   causal_conv,
   f32_param,
+  inverse_softplus,
   numpy_rng,
   real_BxL,
   zero_padded,
@@ -203,11 +204,6 @@ def delta_chunked(q_XxLxK, k_XxLxK, v_XxLxV, beta_XxL, g_XxL, chunk):
   rows, _, kd = xs[0].shape
   s_XxKxV = jnp.zeros((rows, kd, xs[2].shape[-1]), _F32)
   return chunk_scan(delta_chunk_step, s_XxKxV, xs, chunk)
-
-
-def inverse_softplus(y):
-  """x with softplus(x) = y (y > 0): y + log(1 - exp(-y))."""
-  return y + np.log(-np.expm1(-y))
 
 
 class DeltaDirection(nnx.Module):

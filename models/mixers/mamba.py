@@ -121,6 +121,7 @@ from models.attention.base import int_option
 from models.attention.registry import register
 from models.mixers.base import (
   SequenceMixer,
+  inverse_softplus,
   real_BxL,
   step_range_option,
   zero_padded,
@@ -139,11 +140,6 @@ def symmetric(bound):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
   return init
-
-
-def inverse_softplus(y):
-  """x with softplus(x) = y (y > 0): y + log(1 - exp(-y))."""
-  return y + jnp.log(-jnp.expm1(-y))
 
 
 # Positions per unrolled block: a chunk is cut into blocks of at most BLOCK

@@ -95,6 +95,7 @@ from models.mixers.base import (
   SequenceMixer,
   causal_conv,
   f32_param,
+  inverse_softplus,
   numpy_rng,
   real_BxL,
   step_range_option,
@@ -180,11 +181,6 @@ def ssd(x_XxLxHxP, dt_XxLxH, a_XxH, b_XxLxN, c_XxLxN, chunk):
   from_start_XxQxCxH = jnp.swapaxes(jnp.exp(cum_XxQxHxC), -1, -2)
   y_XxQxCxHxP = y_XxQxCxHxP + y_off_XxQxCxHxP * from_start_XxQxCxH[..., None]
   return y_XxQxCxHxP.reshape(rows, q * c, h, p)[:, :length]
-
-
-def inverse_softplus(y):
-  """x with softplus(x) = y (y > 0): y + log(1 - exp(-y))."""
-  return y + np.log(-np.expm1(-y))
 
 
 class Mamba2Direction(nnx.Module):
