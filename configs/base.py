@@ -99,6 +99,13 @@ def get_base_config():
   c.warmup_steps = 1000
   # Decoupled weight decay, multiplied by the learning rate (optax.adamw).
   c.weight_decay = 0.1
+  # State-space mixers' own parameter group (their authors' recipe): > 0
+  # trains the parameters each mixer lists in `ssm_params` (S4D, H3: A, B,
+  # dt; S5: Lambda, B, steps; Mamba, Mamba-2: A_log, D (and dt_bias))
+  # at this peak rate on the same schedule, with ssm_weight_decay; 0: one
+  # group, every parameter at learning_rate with weight_decay.
+  c.ssm_learning_rate = 0.0
+  c.ssm_weight_decay = 0.0
   # Adam moments and epsilon.
   c.adam_b1 = 0.9
   c.adam_b2 = 0.98
@@ -109,8 +116,8 @@ def get_base_config():
   c.grad_accum_steps = 1
   # Compute dtype of activations: 'float32' or 'bfloat16'. Params stay f32.
   c.dtype = 'float32'
-  # Training objective (lra/train/objectives.py): 'classify' (the task's labels),
-  # or self-pretraining on the task's own inputs, labels unused:
+  # Training objective (lra/train/objectives.py): 'classify' (the task's
+  # labels), or self-pretraining on the task's own inputs, labels unused:
   # 'causal_lm' (next-token prediction under a causal mask) or 'masked_lm'
   # (BERT's denoising: mask_rate of the real tokens chosen, 80% replaced by
   # a mask id, 10% by a random token, 10% kept; loss on them only).

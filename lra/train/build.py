@@ -22,7 +22,8 @@ def create_state(
 ) -> tuple[nnx.GraphDef, nnx.State]:
   """Model + optimizer -> (graphdef, replicated state)."""
   model = build_model(config, task)
-  optimizer = nnx.Optimizer(model, steps.make_optimizer(config), wrt=nnx.Param)
+  tx = steps.make_optimizer(config, model)
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   return graphdef, jax.device_put(state, replicated)
 
@@ -31,8 +32,8 @@ def init_from(
   config: ConfigDict, state: nnx.State
 ) -> tuple[nnx.State, int | None]:
   """(state whose encoder is config.init_from's, the step read), or
-  (state, None) without init_from (lra/train/pretrained.py). The learned position
-  table is extended by copying (Longformer) when this run is longer (the
+  (state, None) without init_from (lra/train/pretrained.py). The learned
+  position table is extended by copying (Longformer) when this run is longer (the
   CLS row stays first); a language model's extra token row (its mask id)
   is dropped (models.embeddings.fit_for_fine_tune)."""
   if not config.init_from:

@@ -72,6 +72,8 @@ OPTIMISER_CHANGES = (
   'adam_b2',
   'adam_eps',
   'grad_clip_norm',
+  'ssm_learning_rate',
+  'ssm_weight_decay',
 )
 # The record of those changes in config.json (not a config field).
 CHANGES_KEY = 'resume_changes'

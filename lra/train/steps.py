@@ -59,18 +59,94 @@ def _clipped(tx, max_norm):
   return optax.GradientTransformation(tx.init, update)
 
 
-def make_optimizer(config):
+def ssm_parameter_paths(model):
+  """The paths (tuples of attribute names and indices, as nnx.iter_graph
+  gives them) of the parameters the model's modules list in their
+  `ssm_params` (models/mixers/base.py: a state-space mixer's A, B, dt)."""
+  paths = set()
+  for path, node in nnx.iter_graph(model):
+    for name in getattr(type(node), 'ssm_params', ()):
+      if isinstance(getattr(node, name, None), nnx.Param):
+        paths.add((*path, name))
+  return frozenset(paths)
+
+
+def _path_key(entry):
+  for field in ('key', 'idx', 'name'):
+    if hasattr(entry, field):
+      return getattr(entry, field)
+  return entry
+
+
+def parameter_key(path):
+  """A pytree path of the optimised state -> the parameter's path as
+  ssm_parameter_paths writes it (a Variable's trailing 'value' dropped)."""
+  keys = tuple(_path_key(e) for e in path)
+  return keys[:-1] if keys and keys[-1] == 'value' else keys
+
+
+def _grouped_adamw(config, schedule, ssm_paths):
+  """optax.adamw with two parameter groups: the parameters at ssm_paths
+  take ssm_learning_rate / learning_rate times the schedule's rate and
+  weight decay ssm_weight_decay; every other one is exactly adamw's. The
+  state has adamw's structure (Adam's moments, an empty state, the step
+  count), so a run resumes with the groups switched on or off."""
+  ratio = config.ssm_learning_rate / config.learning_rate
+  wd, ssm_wd = config.weight_decay, config.ssm_weight_decay
+
+  def in_group(path):
+    return parameter_key(path) in ssm_paths
+
+  def update(updates, state, params):
+    rate = schedule(state.count)
+
+    def one(path, u, p):
+      if in_group(path):
+        return -rate * ratio * (u + ssm_wd * p)
+      return -rate * (u + wd * p)
+
+    updates = jax.tree_util.tree_map_with_path(one, updates, params)
+    return updates, optax.ScaleByScheduleState(
+      count=optax.safe_increment(state.count)
+    )
+
+  def init(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  return optax.chain(
+    optax.scale_by_adam(
+      b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps
+    ),
+    optax.identity(),
+    optax.GradientTransformation(init, update),
+  )
+
+
+def make_optimizer(config, model=None):
   """AdamW on the schedule, after optional clipping. Only closures depend on
   the optimiser settings (learning rate, schedule, warmup, weight decay,
-  Adam's constants, clipping), never the state's structure, so a run resumes
-  with changed settings (lra.train.rundir.OPTIMISER_CHANGES)."""
-  tx = optax.adamw(
-    learning_rate_schedule(config),
-    b1=config.adam_b1,
-    b2=config.adam_b2,
-    eps=config.adam_eps,
-    weight_decay=config.weight_decay,
-  )
+  Adam's constants, clipping, the SSM group's rate and decay), never the
+  state's structure, so a run resumes with changed settings
+  (lra.train.rundir.OPTIMISER_CHANGES).
+
+  config.ssm_learning_rate > 0 (and a model whose modules list
+  `ssm_params`): those parameters train at that peak rate (on the same
+  schedule) with config.ssm_weight_decay, as the S4, S5 and Mamba authors
+  train them; 0 (the default): one group, plain AdamW."""
+  schedule = learning_rate_schedule(config)
+  ssm_lr = config.get('ssm_learning_rate', 0.0)
+  ssm_paths = ssm_parameter_paths(model) if model is not None else ()
+  if ssm_lr and ssm_lr > 0 and ssm_paths:
+    tx = _grouped_adamw(config, schedule, ssm_paths)
+  else:
+    tx = optax.adamw(
+      schedule,
+      b1=config.adam_b1,
+      b2=config.adam_b2,
+      eps=config.adam_eps,
+      weight_decay=config.weight_decay,
+    )
   if config.grad_clip_norm:
     tx = _clipped(tx, config.grad_clip_norm)
   tx = optax.chain(tx)  # the structure runs saved before clipping moved

@@ -46,6 +46,8 @@ _INT_AT_LEAST = {
 _FLOAT_RANGE = {
   'learning_rate': (0.0, math.inf, False, False, 0.001),
   'weight_decay': (0.0, math.inf, True, False, 0.1),
+  'ssm_learning_rate': (0.0, math.inf, True, False, 0.001),
+  'ssm_weight_decay': (0.0, math.inf, True, False, 0.0),
   'adam_b1': (0.0, 1.0, True, False, 0.9),
   'adam_b2': (0.0, 1.0, True, False, 0.98),
   'adam_eps': (0.0, math.inf, True, False, 1e-9),

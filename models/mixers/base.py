@@ -54,6 +54,12 @@ class SequenceMixer(nnx.Module):
   # mixer orders tokens by itself. Absolute positions at the embedding do.
   rotary = None
   rotary_refusal = 'it is a sequence mixer, which orders tokens itself'
+  # Names of this module's parameters that form its state-space part
+  # (A, B, dt as their authors group them): with config.ssm_learning_rate
+  # > 0 they train at that rate and config.ssm_weight_decay
+  # (lra/train/steps.py make_optimizer); a submodule holding such
+  # parameters declares its own.
+  ssm_params = ()
 
   def state_size(self):
     """Numbers of recurrent state per example (Zoology's x-axis), or None."""

@@ -116,6 +116,16 @@ def torch_linear(fan_in, fan_out, dtype, rngs):
 class H3(SequenceMixer):
   """H3 sequence mixer (see the module docstring)."""
 
+  # Its diagonal SSM's A, B and dt, as S4D's (the shift SSM's kernel is an
+  # ordinary weight).
+  ssm_params = (
+    'a_log_neg_re_HxN',
+    'a_im_HxN',
+    'b_re_HxN',
+    'b_im_HxN',
+    'log_dt_H',
+  )
+
   def __init__(
     self,
     *,

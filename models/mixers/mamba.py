@@ -351,6 +351,10 @@ def causal_conv(x_LxBxI, w_KxI, bias_I):
 class MambaDirection(nnx.Module):
   """The conv and selective-SSM parameters of one scan direction."""
 
+  # The Mamba authors' _no_weight_decay parameters (state-spaces/mamba,
+  # mamba_ssm/modules/mamba_simple.py): A_log and D.
+  ssm_params = ('a_log_IxN', 'd_I')
+
   def __init__(self, inner, state, rank, width, dt_min, dt_max, dtype, rngs):
     bound = width**-0.5
     self.conv_KxI = nnx.Param(symmetric(bound)(rngs.params(), (width, inner)))

@@ -186,6 +186,10 @@ def ssd(x_XxLxHxP, dt_XxLxH, a_XxH, b_XxLxN, c_XxLxN, chunk):
 class Mamba2Direction(nnx.Module):
   """The conv and SSD parameters of one scan direction."""
 
+  # The Mamba-2 authors' _no_weight_decay parameters (state-spaces/mamba,
+  # mamba_ssm/modules/mamba2.py): A_log, D and dt_bias.
+  ssm_params = ('a_log_H', 'd_H', 'dt_bias_H')
+
   def __init__(self, inner, state, heads, width, dt_min, dt_max, rng):
     channels = inner + 2 * state
     bound = width**-0.5

@@ -138,6 +138,16 @@ def fft_conv(u_BxLxE, k_fwd_ExL, k_bwd_ExL=None):
 class S4D(SequenceMixer):
   """S4D sequence mixer (see the module docstring)."""
 
+  # The S4 authors' (state-spaces/s4, models/s4/s4.py `register`): A, B
+  # and dt at their own rate, no weight decay.
+  ssm_params = (
+    'a_log_neg_re_ExN',
+    'a_im_ExN',
+    'b_re_ExN',
+    'b_im_ExN',
+    'log_dt_E',
+  )
+
   def __init__(
     self,
     *,

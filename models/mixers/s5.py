@@ -145,6 +145,17 @@ def linear_scan(abar_N, bu_XxLxN, reverse=False, axis=1):
 class S5(SequenceMixer):
   """S5 sequence mixer (see the module docstring)."""
 
+  # The S5 authors' 'standard' opt_config (lindermanlab/S5,
+  # s5/train_helpers.py): Lambda, B and the log steps at ssm_lr_base, no
+  # weight decay.
+  ssm_params = (
+    'lambda_log_neg_re_N',
+    'lambda_im_N',
+    'b_re_NxE',
+    'b_im_NxE',
+    'log_step_N',
+  )
+
   def __init__(
     self,
     *,
