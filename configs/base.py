@@ -140,6 +140,10 @@ def get_base_config():
   m.dropout_rate = 0.1
   # Dropout on attention weights (cores that have explicit weights).
   m.attention_dropout_rate = 0.1
+  # Standard deviation of the token embedding's normal initialisation: 1.0
+  # (the LRA reference's) or 0.02 (GPT-2's, and the Mamba authors' and
+  # Zoology's _init_weights).
+  m.embed_std = 1.0
   # Pooling for classification: 'cls' (a prepended CLS token), 'mean', 'max'
   # or 'first' (the first input token, no CLS: the reference's Retrieval
   # dual encoder).

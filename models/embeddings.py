@@ -93,6 +93,17 @@ def sinusoidal2d_LxE(offset, length, dim, side, lead):
   return table
 
 
+def embed_std_option(cfg):
+  """model.embed_std (absent in configs made before it: 1.0), checked."""
+  std = cfg.get('embed_std', 1.0)
+  if isinstance(std, bool) or not isinstance(std, (int, float)) or std <= 0:
+    raise UserError(
+      f'--config.model.embed_std={std!r} is out of range: it must be a '
+      'number > 0, e.g. --config.model.embed_std=0.02.'
+    )
+  return float(std)
+
+
 class Embedder(nnx.Module):
   """Token ids -> vectors (`embed`), then absolute positions (`add_positions`).
 
@@ -101,15 +112,24 @@ class Embedder(nnx.Module):
   """
 
   def __init__(
-    self, vocab_size, emb_dim, max_length, positions, *, dtype, rngs
+    self,
+    vocab_size,
+    emb_dim,
+    max_length,
+    positions,
+    *,
+    dtype,
+    rngs,
+    embed_std=1.0,
   ):
-    """max_length: rows of the learned table (the CLS included)."""
+    """max_length: rows of the learned table (the CLS included); embed_std:
+    the token table's normal init (model.embed_std)."""
     self.tokens = nnx.Embed(
       vocab_size,
       emb_dim,
       dtype=dtype,
       rngs=rngs,
-      embedding_init=nnx.initializers.normal(1.0),
+      embedding_init=nnx.initializers.normal(embed_std),
     )
     self.positions = check_positions(positions)
     self.max_length = max_length

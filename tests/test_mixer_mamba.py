@@ -321,3 +321,80 @@ def test_options_and_registry():
   for opts in bad:
     with pytest.raises(UserError, match='mamba'):
       make(**opts)
+
+
+def step_loop_time_major(u_LxXxI, dt_LxXxI, a_XxNxI, b_LxXxN, c_LxXxN, chunk):
+  """scan_time_major's contract written as one plain step per position
+  (autodiff's backward): the reference the training test swaps in."""
+  del chunk
+
+  def step(h_XxNxI, xs):
+    u_t, dt_t, b_t, c_t = xs
+    h_XxNxI = (
+      jnp.exp(dt_t[:, None, :] * a_XxNxI) * h_XxNxI
+      + (dt_t * u_t)[:, None, :] * b_t[:, :, None]
+    )
+    return h_XxNxI, jnp.einsum('xni,xn->xi', h_XxNxI, c_t)
+
+  h = jnp.zeros(a_XxNxI.shape, jnp.float32)
+  return jax.lax.scan(step, h, (u_LxXxI, dt_LxXxI, b_LxXxN, c_LxXxN))[1]
+
+
+def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
+  """Issue #33: a Mamba training run on MQAR (the task where it lagged)
+  follows the same loss, step by step, with the chunked scan and its
+  custom backward as with the recurrence written as one step per position
+  and differentiated by jax: the fast scan changes no training."""
+  from configs import mqar
+  from lra import data as tasks
+  from lra.train import build, loop, runtime, steps
+
+  config = mqar.get_config('mamba,smoke')
+  config.data_dir = str(tmp_path)
+  config.learning_rate = 1e-2  # large steps: differences would grow
+  task = tasks.get_task('mqar')
+  task.ensure_prepared(str(tmp_path), config.data.to_dict(), False)
+  data = runtime.load_data(config, task, progress=False)
+
+  def losses():
+    graphdef, state = build.create_state(config, task, None)
+    step = steps.make_train_step(graphdef)
+    out = []
+    for i in range(12):
+      batch = loop.training_batch(config, task, data, [], i)
+      batch = {k: jnp.asarray(v) for k, v in batch.items()}
+      state, metrics = step(state, batch, jax.random.key(i))
+      out.append(float(metrics['loss']))
+    return np.array(out)
+
+  fast = losses()
+  monkeypatch.setattr(
+    models.mixers.mamba, 'scan_time_major', step_loop_time_major
+  )
+  reference = losses()
+  assert fast[-1] < fast[0] - 0.05  # it trains
+  assert not np.array_equal(fast, reference)  # the swap took effect
+  np.testing.assert_allclose(fast, reference, rtol=2e-5)
+
+
+def test_gradient_probe_finds_the_unused_direction(tmp_path):
+  """lra.lab.gradients' table (issue #33's vanishing-gradient probe): in a
+  causal Mamba the backward direction's parameters get exactly no gradient,
+  the forward one's do, so a starved parameter shows."""
+  from configs import mqar
+  from lra import data as tasks
+  from lra.lab.gradients import gradient_table
+  from lra.train import build, runtime
+
+  config = mqar.get_config('mamba,smoke')
+  config.data_dir = str(tmp_path)
+  task = tasks.get_task('mqar')
+  task.ensure_prepared(str(tmp_path), config.data.to_dict(), False)
+  data = runtime.load_data(config, task, progress=False)
+  graphdef, state = build.create_state(config, task, None)
+  rows = gradient_table(graphdef, state, config, task, data, 2)
+  grads = {name: g for name, g, _ in rows}
+  fwd = [g for n, g in grads.items() if '.fwd.' in n]
+  bwd = [g for n, g in grads.items() if '.bwd.' in n]
+  assert fwd and bwd and len(fwd) == len(bwd)
+  assert max(bwd) == 0.0 and min(fwd) > 0.0

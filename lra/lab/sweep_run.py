@@ -15,11 +15,12 @@ import sys
 import threading
 import time
 
+from configs import models
 from lra.errors import UserError
 from lra.lab import paper, report, sweep_grid
 from lra.lab.sweep_plan import Run, run_config
 from lra.train import rundir
-from lra.train.metrics import read_rows, write_json
+from lra.train.metrics import flatten, read_rows, write_json
 
 
 # -------------------------------------------------------------- workdir
@@ -78,8 +79,8 @@ def outcome(workdir: str) -> dict:
     )
     return out
   # The test accuracy the table reports: the best-validation checkpoint's
-  # (`test`) or the final step's (`test_last`), by lra/train/rundir.py's one rule
-  # (results.json `select`, else the selection of config.json).
+  # (`test`) or the final step's (`test_last`), by lra/train/rundir.py's
+  # one rule (results.json `select`, else the selection of config.json).
   config = rundir.read_config(workdir)
   select = rundir.selection_of(results, config)
   test = rundir.selected_test(results, config) or {}
@@ -108,7 +109,16 @@ def finished(run: Run, config) -> bool:
   steps = results.get('last_step') or rundir.latest_step(run.workdir)
   if steps < config.num_train_steps:
     return False
-  return rundir.without_changes(saved) == json.loads(config.to_json())
+  old = flatten(rundir.without_changes(saved))
+  new = flatten(json.loads(config.to_json()))
+  # A field added after the run was made had its default then: the run
+  # counts as finished while the sweep keeps that default (as train.py
+  # resumes it, lra/train/rundir.py check_resume).
+  defaults = flatten(json.loads(models.predated_defaults(config).to_json()))
+  for key in set(new) - set(old):
+    if key in defaults:
+      old[key] = defaults[key]
+  return old == new
 
 
 def duration(seconds: float) -> str:
