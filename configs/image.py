@@ -151,10 +151,12 @@ def get_config(arg=None):
   model_name, presets = base.parse_arg(arg)
   c = base.get_base_config()
   c.task = 'image'
-  # Where to read CIFAR-10 from, under <data_dir>/image/: 'auto' (the first
-  # found of the next three), 'archive' (cifar-10-python.tar.gz), 'folders'
-  # (cifar-10-batches-py/ unpacked) or 'tfds' (tensorflow_datasets/cifar10/
-  # prepared files). The validation images depend on the source's order.
+  # Where to read CIFAR-10 from: 'auto' (the first found of the next three),
+  # 'archive' (<data_dir>/image/cifar-10-python.tar.gz), 'folders'
+  # (cifar-10-batches-py/ there, unpacked) or 'tfds' (TFDS's prepared
+  # cifar10 in $TFDS_DATA_DIR, ~/tensorflow_datasets or
+  # <data_dir>/image/tensorflow_datasets). The validation images depend on
+  # the source's order.
   c.data.source = 'auto'
   # True reproduces the reference, which treated black pixels (0) as padding:
   # masked out of attention (key padding) and out of mean/max pooling. False

@@ -64,9 +64,10 @@ def get_config(arg=None):
   # Validation split: 'heldout' (the last 10% of a seeded shuffle of train;
   # train keeps 22,500) or 'test' (the LRA reference: the 25k test reviews).
   c.data.val = 'heldout'
-  # Where to read IMDB from, under <data_dir>/text/: 'auto' (the first found
-  # of the next three), 'archive' (aclImdb_v1.tar.gz), 'folders' (aclImdb/
-  # unpacked) or 'tfds' (tensorflow_datasets/imdb_reviews/ prepared files).
+  # Where to read IMDB from: 'auto' (the first found of the next three),
+  # 'archive' (<data_dir>/text/aclImdb_v1.tar.gz), 'folders' (aclImdb/ there,
+  # unpacked) or 'tfds' (TFDS's prepared imdb_reviews in $TFDS_DATA_DIR,
+  # ~/tensorflow_datasets or <data_dir>/text/tensorflow_datasets).
   c.data.source = 'auto'
   c.max_length = 1000
   c.batch_size = 32

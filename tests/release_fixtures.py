@@ -106,6 +106,16 @@ def write_aclimdb_folders(folder, n_per_class=8):
 # ------------------------------------------------------- TFRecord / TFDS ----
 
 
+def isolate_tfds(monkeypatch, tmp_path):
+  """Tests never read the user's TFDS data: no $TFDS_DATA_DIR, and
+  ~/tensorflow_datasets is an empty folder of the test's."""
+  from lra.data import release
+
+  monkeypatch.delenv('TFDS_DATA_DIR', raising=False)
+  home = str(tmp_path / 'home' / 'tensorflow_datasets')
+  monkeypatch.setattr(release, 'home_tfds_dir', lambda: home)
+
+
 def _varint(v):
   v &= (1 << 64) - 1  # negative int64: ten bytes, two's complement
   out = bytearray()
@@ -300,8 +310,8 @@ def write_tfds_cifar(folder, n_per_batch=16, version='3.0.2'):
       example(id=f'{split}_{i:05d}'.encode(), image=png(x), label=int(y))
       for i, (x, y) in enumerate(zip(images, labels))
     ]
-    # Shard k holds a contiguous block, so reading shards in order gives
-    # the images in order.
+    # Shard k holds a contiguous block; with at most 16 records a shard
+    # (TFDS's interleave block) reading as TFDS does gives them in order.
     size = -(-len(records) // shards)
     os.makedirs(root, exist_ok=True)
     for s in range(shards):
@@ -309,6 +319,8 @@ def write_tfds_cifar(folder, n_per_batch=16, version='3.0.2'):
       write_tfrecord(
         os.path.join(root, name), records[s * size : (s + 1) * size]
       )
+  with open(os.path.join(root, 'dataset_info.json'), 'w') as f:
+    f.write('{"name": "cifar10", "version": "%s"}\n' % version)
   return root
 
 

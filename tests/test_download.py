@@ -19,7 +19,7 @@ import types
 import pytest
 import release_fixtures as fx
 
-from lra.data import download, prepare
+from lra.data import download, prepare, release
 from lra.errors import UserError
 
 
@@ -58,6 +58,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.wfile.write(body)
     self.wfile.flush()
     self.close_connection = True
+
+
+@pytest.fixture(autouse=True)
+def _no_user_tfds(monkeypatch, tmp_path):
+  fx.isolate_tfds(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope='module')
@@ -218,37 +223,152 @@ def test_release_archive_extracts_only_what_the_task_needs(
   assert '32_easy_release' in out and 'train 16' in out
 
 
-def test_source_tfds(tmp_path, monkeypatch, capsys):
-  d = str(tmp_path / 'data')
-  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)
-  assert (
-    prepare.main(['text', '--data_dir', d, '--download', '--source', 'tfds'])
-    == 2
-  )
-  assert 'pip install tensorflow-datasets' in capsys.readouterr().err
-  # A stand-in for TFDS whose builder writes what tfds would.
+def _fake_tfds(monkeypatch, write=None, error=None):
+  """Stand-ins for the packages --source tfds imports: a
+  tensorflow_datasets whose builder records its calls and writes what TFDS
+  would (`write(data_dir)`) or raises `error`. Returns the calls."""
   calls = []
 
   def builder(name, data_dir):
     def download_and_prepare():
       calls.append((name, data_dir))
-      fx.write_tfds_imdb(os.path.dirname(data_dir))
+      if error is not None:
+        raise error
+      if write is not None:
+        write(data_dir)
 
     return types.SimpleNamespace(download_and_prepare=download_and_prepare)
 
   fake = types.SimpleNamespace(builder=builder)
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', fake)
-  assert (
-    prepare.main(['text', '--data_dir', d, '--download', '--source', 'tfds'])
-    == 0
+  monkeypatch.setitem(sys.modules, 'tensorflow', types.SimpleNamespace())
+  monkeypatch.setitem(
+    sys.modules, 'importlib_resources', types.SimpleNamespace()
   )
-  assert calls == [
-    ('imdb_reviews', os.path.join(d, 'text', 'tensorflow_datasets'))
-  ]
-  assert 'text: prepared in' in capsys.readouterr().out
+  return calls
+
+
+def _tfds(task, d, capsys):
+  """Runs prepare TASK --download --source tfds: (exit code, out, err)."""
+  code = prepare.main([task, '--data_dir', d, '--download', '--source', 'tfds'])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def test_source_tfds_names_missing_packages(tmp_path, monkeypatch, capsys):
+  d = str(tmp_path / 'data')
+  for module in ('tensorflow_datasets', 'tensorflow', 'importlib_resources'):
+    monkeypatch.setitem(sys.modules, module, None)
+  code, out, err = _tfds('text', d, capsys)
+  assert code == 2 and out == ''
+  err = err.strip()
+  assert '\n' not in err and 'Traceback' not in err
+  assert err.startswith(
+    'error: --source tfds needs tensorflow-datasets, tensorflow-cpu and '
+    'importlib_resources, which are not installed:'
+  )
+  assert "pip install -e '.[tfds]'" in err
+  assert (
+    'pip install tensorflow-datasets tensorflow-cpu importlib_resources' in err
+  )
+  assert 'fetch aclImdb_v1.tar.gz' in err and 'No IMDB source' not in err
+  # tensorflow-datasets 4.9 imports importlib_resources undeclared.
+  _fake_tfds(monkeypatch)
+  monkeypatch.setitem(sys.modules, 'importlib_resources', None)
+  code, _, err = _tfds('image', d, capsys)
+  assert code == 2
+  assert 'needs importlib_resources, which is not installed' in err
+  assert 'fetch cifar-10-python.tar.gz' in err
+
+
+def test_source_tfds_downloads_once_into_the_default(
+  tmp_path, monkeypatch, capsys
+):
+  d = str(tmp_path / 'data')
+  calls = _fake_tfds(
+    monkeypatch, write=lambda root: fx.write_tfds_imdb(os.path.dirname(root))
+  )
+  root = os.path.join(d, 'text', 'tensorflow_datasets')
+  code, out, _ = _tfds('text', d, capsys)
+  assert code == 0
+  assert calls == [('imdb_reviews/plain_text', root)]
+  assert f'TFDS imdb_reviews downloaded and prepared in {root}' in out
+  assert 'text: prepared in' in out
+  assert f'from tfds {root}/imdb_reviews/plain_text/1.0.0' in out
+  # Prepared there: the next command reads it in place, TFDS untouched.
+  code, out, _ = _tfds('text', d, capsys)
+  assert code == 0 and len(calls) == 1
+  assert f'TFDS imdb_reviews already prepared in {root}' in out
+  assert 'nothing fetched' in out and 'text: already prepared in' in out
+  # An archive beside it: auto prefers it, and the output says so.
+  fx.write_aclimdb_tar(os.path.join(d, 'text'))
+  assert prepare.main(['text', '--data_dir', d, '--force']) == 0
+  code, out, _ = _tfds('text', d, capsys)
+  assert code == 0 and len(calls) == 1
+  assert 'takes the archive before TFDS; add --option source=tfds' in out
+  # With source=tfds the cache is TFDS's.
+  args = ['text', '--data_dir', d, '--download', '--source', 'tfds']
+  assert prepare.main(args + ['--option', 'source=tfds']) == 0
+  out = capsys.readouterr().out
+  assert 'val_test_tfds' in out and 'takes the' not in out
   assert (
     prepare.main(
       ['retrieval', '--data_dir', d, '--download', '--source', 'tfds']
     )
     == 2
   )
+
+
+def test_source_tfds_uses_tfds_data_dirs(tmp_path, monkeypatch, capsys):
+  d = str(tmp_path / 'data')
+  # $TFDS_DATA_DIR holding a prepared copy: read in place, no TFDS needed.
+  env = str(tmp_path / 'env' / 'tensorflow_datasets')
+  fx.write_tfds_cifar(tmp_path / 'env', n_per_batch=4)
+  monkeypatch.setenv('TFDS_DATA_DIR', env)
+  for module in ('tensorflow_datasets', 'tensorflow', 'importlib_resources'):
+    monkeypatch.setitem(sys.modules, module, None)
+  code, out, _ = _tfds('image', d, capsys)
+  assert code == 0
+  assert f'TFDS cifar10 already prepared in {env} (from $TFDS_DATA_DIR)' in out
+  assert f'from tfds {env}/cifar10/3.0.2' in out
+  assert not os.path.exists(os.path.join(d, 'image', 'tensorflow_datasets'))
+  # $TFDS_DATA_DIR without it: TFDS prepares it there.
+  calls = _fake_tfds(
+    monkeypatch, write=lambda root: fx.write_tfds_imdb(tmp_path / 'made')
+  )
+  code, _, err = _tfds('text', d, capsys)
+  assert calls == [('imdb_reviews/plain_text', env)]
+  # (this stand-in wrote elsewhere: one sentence, not "No IMDB source")
+  assert code == 2
+  err = err.strip()
+  assert err.startswith(
+    'error: TensorFlow Datasets prepared imdb_reviews/plain_text but '
+    f'{env} holds no imdb_reviews/plain_text/<version>/ with '
+    'dataset_info.json'
+  )
+  assert '\n' not in err and 'No IMDB source' not in err
+  # No $TFDS_DATA_DIR: ~/tensorflow_datasets when it holds the dataset.
+  monkeypatch.delenv('TFDS_DATA_DIR')
+  home = release.home_tfds_dir()
+  fx.write_tfds_imdb(os.path.dirname(home), n_per_class=2)
+  code, out, _ = _tfds('text', d, capsys)
+  assert code == 0 and len(calls) == 1
+  assert f'TFDS imdb_reviews already prepared in {home}' in out
+  assert 'train 4' in out
+
+
+def test_source_tfds_failure_is_one_sentence(tmp_path, monkeypatch, capsys):
+  d = str(tmp_path / 'data')
+  error = ConnectionError('Failed to resolve host\n  (a long trace)')
+  calls = _fake_tfds(monkeypatch, error=error)
+  code, out, err = _tfds('image', d, capsys)
+  assert code == 2 and len(calls) == 1
+  err = err.strip()
+  root = os.path.join(d, 'image', 'tensorflow_datasets')
+  assert err == (
+    'error: TensorFlow Datasets could not download and prepare cifar10 in '
+    f'{root} (ConnectionError: Failed to resolve host); check the network '
+    'and run the same command again, or drop --source tfds to fetch '
+    'cifar-10-python.tar.gz.'
+  )
+  assert 'No CIFAR-10 source' not in out + err

@@ -12,8 +12,13 @@ import pytest
 import release_fixtures as fx
 
 from lra import data as tasks
-from lra.data import cache, image, retrieval, text, tfrecord
+from lra.data import cache, image, release, retrieval, text, tfrecord
 from lra.errors import UserError
+
+
+@pytest.fixture(autouse=True)
+def _no_user_tfds(monkeypatch, tmp_path):
+  fx.isolate_tfds(monkeypatch, tmp_path)
 
 
 def _prepare(module, data_dir, options=None, name='cache'):
@@ -75,6 +80,142 @@ def test_tfrecord_roundtrip_and_corruption(tmp_path):
   open(path, 'wb').write(good[:-3])
   with pytest.raises(UserError, match='record 2 is truncated'):
     list(tfrecord.read_records(path))
+
+
+def test_interleave_as_tf_data():
+  """tf.data.Dataset.interleave's order, worked out by hand: cycle 2,
+  block 3 over sources a (5 items), b (1), c (4), d (0), e (2)."""
+  sources = ['a' * 5, 'b', 'c' * 4, '', 'e' * 2]
+  got = ''.join(tfrecord.interleave(sources, 2, 3))
+  # slot 0: a a a | slot 1: b (ends: freed) | slot 0: a a (ends) |
+  # slot 1: c c c | slot 0: d (empty, ends) | slot 1: c (ends) |
+  # slot 0: e e (ends) | slot 1: no source left.
+  assert got == 'aaabaaccccee'
+  assert list(tfrecord.interleave([], 16, 16)) == []
+
+
+def test_tfds_order_slices_by_count_then_interleaves():
+  # Shards of 20, 3 and 17 records; TFDS reads 16 at a time from up to 16.
+  whole = tfrecord.tfds_order([20, 3, 17])
+  expected = (
+    [(0, i) for i in range(16)]
+    + [(1, i) for i in range(3)]
+    + [(2, i) for i in range(16)]
+    + [(0, i) for i in range(16, 20)]
+    + [(2, 16)]
+  )
+  assert whole == expected
+  # train[:90%] of 40 = [0, 36): shard 2 is cut after 13 records; the
+  # slice is taken over the shards in index order, before interleaving.
+  assert tfrecord.tfds_boundary(90, 40) == 36
+  head = tfrecord.tfds_order([20, 3, 17], 0, 36)
+  assert head == (
+    [(0, i) for i in range(16)]
+    + [(1, i) for i in range(3)]
+    + [(2, i) for i in range(13)]
+    + [(0, i) for i in range(16, 20)]
+  )
+  assert tfrecord.tfds_order([20, 3, 17], 36) == [
+    (2, i) for i in (13, 14, 15, 16)
+  ]
+  assert tfrecord.tfds_order([0, 2], 0, 1) == [(1, 0)]  # empty shard skipped
+  # TFDS's 'closest' rounding (Python's round: halves to even).
+  boundaries = [tfrecord.tfds_boundary(90, n) for n in (5, 15, 50_000)]
+  assert boundaries == [4, 14, 45_000]
+
+
+def test_tfds_files_needs_info_and_every_shard(tmp_path):
+  root = fx.write_tfds_imdb(tmp_path / 'text', n_per_class=2)
+  dataset_dir = os.path.dirname(root)
+  files = tfrecord.tfds_files(dataset_dir, 'imdb_reviews', ('train', 'test'))
+  assert [os.path.basename(p) for p in files['train']] == [
+    'imdb_reviews-train.tfrecord-00000-of-00002',
+    'imdb_reviews-train.tfrecord-00001-of-00002',
+  ]
+  # A newer version without dataset_info.json (not finished) is passed over.
+  newer = os.path.join(dataset_dir, '1.0.10')
+  os.makedirs(newer)
+  for name in os.listdir(root):
+    if name != 'dataset_info.json':
+      os.link(os.path.join(root, name), os.path.join(newer, name))
+  files = tfrecord.tfds_files(dataset_dir, 'imdb_reviews', ('train', 'test'))
+  assert os.path.dirname(files['test'][0]) == root
+  open(os.path.join(newer, 'dataset_info.json'), 'w').write('{}')
+  files = tfrecord.tfds_files(dataset_dir, 'imdb_reviews', ('train', 'test'))
+  assert os.path.dirname(files['test'][0]) == newer  # 1.0.10 > 1.0.0
+  # A missing shard: that version is not prepared.
+  os.remove(os.path.join(newer, 'imdb_reviews-train.tfrecord-00001-of-00002'))
+  os.remove(os.path.join(root, 'imdb_reviews-train.tfrecord-00000-of-00002'))
+  assert tfrecord.tfds_files(dataset_dir, 'imdb_reviews', ('train',)) is None
+
+
+def test_tfds_data_dir_order(tmp_path, monkeypatch, caplog):
+  data_dir = str(tmp_path / 'data')
+  default = os.path.join(data_dir, 'text', 'tensorflow_datasets')
+  home = release.home_tfds_dir()
+  assert release.tfds_data_dir(data_dir, 'text')[0] == default
+  # ~/tensorflow_datasets only when it holds the dataset.
+  os.makedirs(os.path.join(home, 'imdb_reviews'))
+  assert release.tfds_data_dir(data_dir, 'text')[0] == default
+  fx.write_tfds_imdb(os.path.dirname(home), n_per_class=2)
+  assert release.tfds_data_dir(data_dir, 'text')[0] == home
+  assert release.tfds_data_dir(data_dir, 'image')[0] == os.path.join(
+    data_dir, 'image', 'tensorflow_datasets'
+  )
+  # $TFDS_DATA_DIR when set, whatever it holds.
+  env = str(tmp_path / 'env')
+  monkeypatch.setenv('TFDS_DATA_DIR', env)
+  assert release.tfds_data_dir(data_dir, 'text') == (env, 'from $TFDS_DATA_DIR')
+  with pytest.raises(UserError) as e:
+    _prepare(text, tmp_path / 'data', {'source': 'tfds'})
+  msg = str(e.value)
+  assert f'No prepared TFDS imdb_reviews in {env} (from $TFDS_DATA_DIR)' in msg
+  assert '\n' not in msg and 'No IMDB source' not in msg
+  # The readers look where the download would put it, and say so.
+  monkeypatch.delenv('TFDS_DATA_DIR')
+  with caplog.at_level('INFO', logger='lra.data.release'):
+    splits, cache_dir = _prepare(text, tmp_path / 'data', {'source': 'tfds'})
+  assert len(splits['train'][1]) == 4
+  assert f'Reading TFDS IMDB from {home}' in caplog.text
+  info = open(os.path.join(cache_dir, 'info.json')).read()
+  assert os.path.join(home, 'imdb_reviews', 'plain_text', '1.0.0') in info
+
+
+def test_tfds_reads_in_tfds_order(tmp_path):
+  """Many shards: records come as TFDS's interleave gives them, and the
+  image validation split is TFDS's train[90%:] (a count over the shards in
+  index order, then interleaved), not the tail of the interleaved train."""
+  lengths = [20, 3, 17, 0, 18] + [3] * 14  # 19 shards, 100 records
+  folder = tmp_path / 'image' / 'tensorflow_datasets' / 'cifar10' / '3.0.2'
+  os.makedirs(folder)
+  (folder / 'dataset_info.json').write_text('{}')
+  rng = np.random.default_rng(0)
+  gray_of, offset = {}, 0
+  for s, n in enumerate(lengths):
+    records = []
+    for i in range(n):
+      level = (offset + i) % 251  # a uniform image tells its record
+      records.append(
+        fx.example(
+          image=fx.png(np.full((32, 32, 3), level, np.uint8)),
+          label=int(rng.integers(10)),
+        )
+      )
+      gray_of[s, i] = level
+    offset += n
+    name = f'cifar10-train.tfrecord-{s:05d}-of-{len(lengths):05d}'
+    fx.write_tfrecord(str(folder / name), records)
+  test = [fx.example(image=fx.png(np.zeros((32, 32, 3), np.uint8)), label=1)]
+  fx.write_tfrecord(str(folder / 'cifar10-test.tfrecord-00000-of-00001'), test)
+  splits, _ = _prepare(image, tmp_path)
+  for split, (start, stop) in (('train', (0, 90)), ('val', (90, None))):
+    order = tfrecord.tfds_order(lengths, start, stop)
+    levels = [gray_of[k] for k in order]
+    assert splits[split][0][:, 0].tolist() == levels
+  assert len(splits['val'][1]) == 10
+  # The tail of the interleaved whole split would be other images.
+  tail = [gray_of[k] for k in tfrecord.tfds_order(lengths)[90:]]
+  assert splits['val'][0][:, 0].tolist() != tail
 
 
 # ----------------------------------------------------------------- Text ----
@@ -162,8 +303,15 @@ def test_text_errors(tmp_path):
   where = os.path.join(tmp_path, 'text', 'aclImdb_v1.tar.gz')
   assert 'download aclImdb_v1.tar.gz' in str(e.value)
   assert f'put it at {where}' in str(e.value)
-  with pytest.raises(UserError, match='tensorflow_datasets/imdb_reviews'):
+  with pytest.raises(UserError) as e:
     _prepare(text, tmp_path, {'source': 'tfds'})
+  assert str(e.value).startswith(
+    'No prepared TFDS imdb_reviews in '
+    f'{os.path.join(tmp_path, "text", "tensorflow_datasets")} (default: '
+  )
+  assert 'imdb_reviews/plain_text/<version>/ with dataset_info.json' in str(
+    e.value
+  )
   with pytest.raises(UserError, match="data.val 'dev'"):
     text.cache_name({'val': 'dev'})
   os.makedirs(tmp_path / 'text')
@@ -274,7 +422,7 @@ def test_image_archive(tmp_path):
   fx.write_cifar_tar(tmp_path / 'image', n_per_batch=10)
   splits, _ = _prepare(image, tmp_path)
   train_rgb, train_labels, test_rgb, test_labels = fx.cifar_images(10)
-  num_val = round(len(train_labels) * image.VAL_FRACTION)
+  num_val = len(train_labels) - round(0.9 * len(train_labels))
   assert num_val == 5
   gray = image.grayscale(train_rgb.reshape(-1, 1024, 3))
   expected = {

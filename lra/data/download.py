@@ -1,11 +1,17 @@
 """Fetches a task's release files from their canonical URLs.
 
-  python -m lra.data.prepare text --download        # IMDB (aclImdb_v1.tar.gz)
-  python -m lra.data.prepare image --download       # CIFAR-10 python tarball
-  python -m lra.data.prepare retrieval --download   # from the LRA release archive
+  python -m lra.data.prepare text --download       # IMDB aclImdb_v1.tar.gz
+  python -m lra.data.prepare image --download      # CIFAR-10 python tarball
+  python -m lra.data.prepare retrieval --download  # from the LRA release
   python -m lra.data.prepare pathfinder --download [--option difficulty=easy]
   python -m lra.data.prepare pathx --download
-  python -m lra.data.prepare text --download --source tfds   # TFDS's own download
+  python -m lra.data.prepare text --download --source tfds  # TFDS's own
+
+`--source tfds` (text, image) takes the TFDS data directory the readers
+read (lra/data/release.py: $TFDS_DATA_DIR if set, else ~/tensorflow_datasets
+when it holds the dataset, else `<data_dir>/<task>/tensorflow_datasets`): a
+prepared copy there is used as it is and nothing is downloaded; without one,
+TFDS's own download_and_prepare writes it there (`pip install -e '.[tfds]'`).
 
 Transfers show a progress bar and resume: a transfer cut short leaves
 `<file>.part`, and the next attempt (automatic, or the same command again)
@@ -34,10 +40,12 @@ server); the same checks apply.
 import dataclasses
 import hashlib
 import http.client
+import importlib.util
 import os
 import re
 import shutil
 import socket
+import sys
 import tarfile
 import urllib.error
 import urllib.parse
@@ -47,7 +55,7 @@ import zlib
 import tqdm
 
 from lra import data as tasks
-from lra.data import pathfinder
+from lra.data import pathfinder, release
 from lra.errors import UserError
 
 MIRROR_ENV = 'LRA_DOWNLOAD_MIRROR'
@@ -95,8 +103,6 @@ TASK_SOURCES = {
   'pathx': 'lra_release',
   'listops': 'lra_release',
 }
-# TFDS datasets (`--source tfds`) and where the readers look for them.
-TFDS_NAMES = {'text': 'imdb_reviews', 'image': 'cifar10'}
 
 
 class _Cut(Exception):
@@ -323,27 +329,94 @@ def extract(archive, task, options, data_dir, progress=True):
 
 # ------------------------------------------------------------------- tfds
 
+# What `--source tfds` imports, and the pip package that installs each:
+# tensorflow-datasets 4.9 imports importlib_resources without declaring it.
+TFDS_PACKAGES = (
+  ('tensorflow_datasets', 'tensorflow-datasets'),
+  ('tensorflow', 'tensorflow-cpu'),
+  ('importlib_resources', 'importlib_resources'),
+)
+TFDS_PIP = "pip install -e '.[tfds]'"
+# The canonical archive each TFDS dataset is made from (for messages).
+_TFDS_ARCHIVES = {'text': 'imdb', 'image': 'cifar10'}
+
+
+def _installed(module):
+  """Whether `module` would import, without importing it."""
+  if module in sys.modules:
+    return sys.modules[module] is not None
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def _first_line(e):
+  text = str(e).strip().splitlines()
+  text = text[0] if text else ''
+  text = text if len(text) <= 200 else text[:197] + '...'
+  return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
 
 def tfds_download(task, data_dir):
-  """`tfds.builder(name, data_dir=<data_dir>/<task>/tensorflow_datasets)
-  .download_and_prepare()`: the files the TFDS readers of lra/data/text.py and
-  lra/data/image.py read (without TensorFlow)."""
-  if task not in TFDS_NAMES:
+  """Makes the task's TFDS dataset ready where the readers look for it
+  (release.tfds_data_dir: $TFDS_DATA_DIR, ~/tensorflow_datasets when it
+  holds it, else `<data_dir>/<task>/tensorflow_datasets`); returns a line
+  saying what was done.
+
+  A prepared copy there is read in place; only when there is none does
+  TensorFlow Datasets download and prepare it, into that directory
+  (`tfds.builder(name, data_dir=...).download_and_prepare()`). Reading it
+  needs no TensorFlow."""
+  if task not in release.TFDS_DATASETS:
     raise UserError(
-      f'--source tfds covers {" and ".join(TFDS_NAMES)}; {task} comes from '
-      'the LRA release: drop --source tfds.'
+      f'--source tfds covers {" and ".join(release.TFDS_DATASETS)}; {task} '
+      'comes from the LRA release: drop --source tfds.'
     )
-  try:
-    import tensorflow_datasets as tfds
-  except ImportError:
+  name, folder = release.TFDS_DATASETS[task]
+  root, why = release.tfds_data_dir(data_dir, task)
+  if release.tfds_prepared(root, task):
+    return f'TFDS {name} already prepared in {root} ({why}); nothing fetched'
+  canonical = SOURCES[_TFDS_ARCHIVES[task]].name
+  missing = [p for m, p in TFDS_PACKAGES if not _installed(m)]
+  if missing:
+    names = ', '.join(missing[:-1]) + ' and ' * (len(missing) > 1)
+    verb = 'is' if len(missing) == 1 else 'are'
     raise UserError(
-      '--source tfds needs TensorFlow Datasets: pip install '
-      'tensorflow-datasets (training itself never needs it), or drop '
-      '--source tfds to fetch the canonical archive.'
+      f'--source tfds needs {names}{missing[-1]}, which {verb} not '
+      f'installed: run {TFDS_PIP} (or pip install '
+      f'{" ".join(p for _, p in TFDS_PACKAGES)}), or drop --source tfds to '
+      f'fetch {canonical} instead.'
+    )
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # no C++ INFO lines
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except Exception as e:  # a broken install: one line, not a traceback
+    raise UserError(
+      f'TensorFlow Datasets does not import ({_first_line(e)}); reinstall '
+      f'it with {TFDS_PIP}, or drop --source tfds to fetch {canonical}.'
     ) from None
-  root = os.path.join(data_dir, task, 'tensorflow_datasets')
-  tfds.builder(TFDS_NAMES[task], data_dir=root).download_and_prepare()
-  return root
+  builder = name if folder == name else folder.replace(os.sep, '/')
+  print(
+    f'{task}: TFDS {builder} not prepared in {root} ({why}); TensorFlow '
+    'Datasets downloads and prepares it there',
+    flush=True,
+  )
+  try:
+    tfds.builder(builder, data_dir=root).download_and_prepare()
+  except Exception as e:  # network, disk, checksum: one line, not a trace
+    raise UserError(
+      f'TensorFlow Datasets could not download and prepare {builder} in '
+      f'{root} ({_first_line(e)}); check the network and run the same '
+      f'command again, or drop --source tfds to fetch {canonical}.'
+    ) from None
+  if not release.tfds_prepared(root, task):
+    raise UserError(
+      f'TensorFlow Datasets prepared {builder} but {root} holds no '
+      f'{release.tfds_layout(task)} (another file format?); remove '
+      f'{os.path.join(root, folder)} and run the same command again.'
+    )
+  return f'TFDS {name} downloaded and prepared in {root} ({why})'
 
 
 # ------------------------------------------------------------------- entry
@@ -355,24 +428,17 @@ def download(
   """Puts `task`'s release files where its reader looks; returns a line
   saying what was done."""
   if source == 'tfds':
-    return (
-      f'TFDS {TFDS_NAMES.get(task, task)} in {tfds_download(task, data_dir)}'
-    )
+    return tfds_download(task, data_dir)
   if source != 'canonical':
     raise UserError(f'Unknown --source {source!r}; use canonical or tfds.')
   key = TASK_SOURCES.get(task)
   if key is None:
     raise UserError(f'Unknown task {task!r}; known: {", ".join(TASK_SOURCES)}.')
   src = SOURCES[key]
-  if key == 'imdb':
-    return fetch(
-      src, os.path.join(data_dir, 'text', src.name), mirror, progress
-    )
-  if key == 'cifar10':
-    return fetch(
-      src, os.path.join(data_dir, 'image', src.name), mirror, progress
-    )
+  if key in ('imdb', 'cifar10'):
+    dest = os.path.join(data_dir, task, src.name)
+    return f'downloaded {fetch(src, dest, mirror, progress)}'
   archive = fetch(
     src, os.path.join(data_dir, 'downloads', src.name), mirror, progress
   )
-  return extract(archive, task, options, data_dir, progress)
+  return f'downloaded {extract(archive, task, options, data_dir, progress)}'

@@ -2,8 +2,9 @@
 
 Splits as LRA (TFDS `train[:90%]`, `train[90%:]`, `test`): the first 90% of
 the training images (45,000) train, the last 10% (5,000) validate, the
-10,000 test images test. Each image becomes 1,024 gray levels (row-major),
-uint8, vocab 256. Black (0) is a real pixel, never padding.
+10,000 test images test (the boundary rounded as TFDS rounds it). Each
+image becomes 1,024 gray levels (row-major), uint8, vocab 256. Black (0) is
+a real pixel, never padding.
 
 Gray level: the reference's tf.image.rgb_to_grayscale, reproduced in float32
 numpy: g = 0.2989 R' + 0.5870 G' + 0.1140 B' with R' = R / 255 (float32),
@@ -11,13 +12,18 @@ then uint8(g * 255.5), truncated. So white stays 255 and pure red gives 76
 (np.rint(0.2989 * 255) would also give 76, but pure green gives 149 here and
 150 with rounding): levels match TensorFlow's up to float32 summation order.
 
-Sources, looked for in this order under `<data_dir>/image/`:
-  archive  cifar-10-python.tar.gz, batches read from the tar directly;
-  folders  cifar-10-batches-py/{data_batch_1..5,test_batch} (unpacked);
-  tfds     tensorflow_datasets/cifar10/<version>/ (TFDS prepared files, PNG
-           images, read without TensorFlow).
+Sources, looked for in this order:
+  archive  <data_dir>/image/cifar-10-python.tar.gz, batches read from the
+           tar directly;
+  folders  <data_dir>/image/cifar-10-batches-py/{data_batch_1..5,test_batch}
+           (unpacked);
+  tfds     <TFDS data dir>/cifar10/<version>/ (TFDS prepared files, PNG
+           images, read without TensorFlow; the TFDS data dir is
+           $TFDS_DATA_DIR, else ~/tensorflow_datasets when it holds them,
+           else <data_dir>/image/tensorflow_datasets: lra/data/release.py).
 The train order (hence the validation images) is the source's: data_batch_1
-to 5 for the python batches, TFDS's record order for TFDS (as the reference).
+to 5 for the python batches; for TFDS, each split as tfds.load(split,
+shuffle_files=False) gives it (as the reference).
 """
 
 import io
@@ -38,7 +44,7 @@ URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz'
 FOLDER = 'cifar-10-batches-py'
 TRAIN_BATCHES = tuple(f'data_batch_{i}' for i in range(1, 6))
 BATCHES = TRAIN_BATCHES + ('test_batch',)
-VAL_FRACTION = 0.1
+TRAIN_PERCENT = 90  # train[:90%], val train[90%:], as TFDS slices
 WEIGHTS = (0.2989, 0.5870, 0.1140)  # R, G, B, as tf.image.rgb_to_grayscale
 _PIXELS = 32 * 32
 
@@ -162,10 +168,14 @@ def _decode_png(png, where):
 
 
 def _read_tfds(files, progress):
-  out = {}
+  """{'train', 'val', 'test': (gray, labels)}: TFDS's `train[:90%]`,
+  `train[90%:]` and `test`, each in the order tfds.load(split,
+  shuffle_files=False) gives it (tfrecord.tfds_order)."""
+  shards = {}
   for split, paths in files.items():
-    rgb, labels = [], []
+    shards[split] = []
     for path in paths:
+      rgb, labels = [], []
       for i, features in tqdm.tqdm(
         tfrecord.read_examples(path),
         desc=f'reading {os.path.basename(path)}',
@@ -182,8 +192,24 @@ def _read_tfds(files, progress):
           raise UserError(f'{path}: record {i}: image is not PNG bytes.')
         rgb.append(_decode_png(png, f'{path}: record {i}'))
         labels.append(label)
-    out[split] = grayscale(np.stack(rgb)), np.asarray(labels, np.int32)
-  return out
+      gray = grayscale(np.stack(rgb)) if rgb else np.zeros((0, _PIXELS))
+      shards[split].append((gray.astype(np.uint8), labels))
+
+  def select(split, start=0, stop=None):
+    parts = shards[split]
+    order = tfrecord.tfds_order([len(y) for _, y in parts], start, stop)
+    gray = np.zeros((len(order), _PIXELS), np.uint8)
+    for row, (s, i) in enumerate(order):
+      gray[row] = parts[s][0][i]
+    return gray, np.asarray([parts[s][1][i] for s, i in order], np.int32)
+
+  n = sum(len(y) for _, y in shards['train'])
+  num_train = tfrecord.tfds_boundary(TRAIN_PERCENT, n)
+  return {
+    'train': select('train', 0, num_train),
+    'val': select('train', num_train),
+    'test': select('test'),
+  }
 
 
 def _from_batches(raw, progress):
@@ -202,12 +228,12 @@ def _from_batches(raw, progress):
 
 
 def _find_source(data_dir, source, progress):
-  """Returns (source name, path, {'train': (x, y), 'test': (x, y)})."""
+  """Returns (source name, path, {'train', 'test'[, 'val']: (x, y)}):
+  TFDS is split already, the python batches are split by prepare."""
   root = os.path.join(data_dir, 'image')
   paths = {
     'archive': os.path.join(root, ARCHIVE),
     'folders': os.path.join(root, FOLDER),
-    'tfds': os.path.join(root, 'tensorflow_datasets', 'cifar10'),
   }
   return release.find(
     source,
@@ -217,8 +243,9 @@ def _find_source(data_dir, source, progress):
       'folders': lambda path: _from_batches(_read_folder(path), progress),
       'tfds': lambda files: _read_tfds(files, progress),
     },
+    task='image',
+    data_dir=data_dir,
     dataset='CIFAR-10',
-    tfds_name='cifar10',
     archive=ARCHIVE,
     url=URL,
   )
@@ -226,15 +253,12 @@ def _find_source(data_dir, source, progress):
 
 def prepare(cache_dir, data_dir, options, progress=True):
   """Converts CIFAR-10 into the gray cache: train, val and test splits."""
-  source, path, found = _find_source(data_dir, _source(options), progress)
-  inputs, labels = found['train']
-  n = len(labels)
-  num_train = n - int(round(n * VAL_FRACTION))
-  splits = {
-    'train': (inputs[:num_train], labels[:num_train]),
-    'val': (inputs[num_train:], labels[num_train:]),
-    'test': found['test'],
-  }
+  source, path, splits = _find_source(data_dir, _source(options), progress)
+  if 'val' not in splits:  # the python batches: data_batch_1 to 5 in order
+    inputs, labels = splits['train']
+    num_train = tfrecord.tfds_boundary(TRAIN_PERCENT, len(labels))
+    splits['train'] = inputs[:num_train], labels[:num_train]
+    splits['val'] = inputs[num_train:], labels[num_train:]
   os.makedirs(cache_dir, exist_ok=True)
   cache.write_info(
     cache_dir,

@@ -17,6 +17,7 @@ it.
 """
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -67,7 +68,7 @@ def parse_options(args):
 
 
 def command(task_name, data_dir, options):
-  """The `python -m lra.data.prepare ... --force` line that rebuilds this cache."""
+  """The `python -m lra.data.prepare ... --force` line that rebuilds it."""
   parts = ['python -m lra.data.prepare', task_name]
   if data_dir and os.path.abspath(data_dir) != os.path.abspath(
     tasks.default_data_dir()
@@ -123,7 +124,10 @@ def build_parser():
     choices=('canonical', 'tfds'),
     default='canonical',
     help='with --download: the canonical URLs (default) or TensorFlow '
-    "Datasets' own download (text, image; needs tensorflow-datasets)",
+    'Datasets (text, image): a copy prepared in its data directory '
+    '($TFDS_DATA_DIR, ~/tensorflow_datasets or DATA_DIR/TASK/'
+    'tensorflow_datasets) is used as it is, else TFDS downloads it there '
+    f'(needs {download.TFDS_PIP})',
   )
   parser.add_argument(
     '--mirror',
@@ -148,7 +152,7 @@ def main(argv=None):
       got = download.download(
         args.task, data_dir, options, args.source, args.mirror
       )
-      print(f'{args.task}: downloaded {got}')
+      print(f'{args.task}: {got}', flush=True)
     elif args.source != 'canonical' or args.mirror:
       raise UserError('--source and --mirror go with --download; add it.')
     path = task.cache_dir(data_dir, options)
@@ -173,8 +177,26 @@ def main(argv=None):
   state = 'already prepared' if was_ready else 'prepared'
   print(f'{args.task}: {state} in {path}')
   print('  ' + ', '.join(f'{s} {n:,}' for s, n in counts.items()))
+  info = _info(path)
+  if info.get('source_path'):
+    print(f'  from {info.get("source")} {info["source_path"]}')
+  if args.download and args.source == 'tfds' and info.get('source') != 'tfds':
+    print(
+      f'  (data.source=auto takes the {info.get("source")} before TFDS; '
+      'add --option source=tfds for a cache made from TFDS)'
+    )
   print(f'  {time.time() - start:.1f} s')
   return 0
+
+
+def _info(cache_dir):
+  """The cache's info.json ({} when it has none)."""
+  try:
+    with open(os.path.join(cache_dir, 'info.json')) as f:
+      info = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return info if isinstance(info, dict) else {}
 
 
 def run():

@@ -7,12 +7,17 @@ what the model sees. Labels: neg = 0, pos = 1. Text is stripped of leading
 and trailing ASCII whitespace, as TFDS `imdb_reviews` does, so every source
 gives the same tokens.
 
-Sources, looked for in this order under `<data_dir>/text/`:
-  archive  aclImdb_v1.tar.gz, read member by member (no extraction);
-  folders  aclImdb/{train,test}/{pos,neg}/*.txt (the archive unpacked);
-  tfds     tensorflow_datasets/imdb_reviews/plain_text/<version>/ (TFDS
-           prepared files, read without TensorFlow).
-Archive and folders are read in file-name order; TFDS in its record order.
+Sources, looked for in this order:
+  archive  <data_dir>/text/aclImdb_v1.tar.gz, read member by member (no
+           extraction);
+  folders  <data_dir>/text/aclImdb/{train,test}/{pos,neg}/*.txt (the
+           archive unpacked);
+  tfds     <TFDS data dir>/imdb_reviews/plain_text/<version>/ (TFDS
+           prepared files, read without TensorFlow; the TFDS data dir is
+           $TFDS_DATA_DIR, else ~/tensorflow_datasets when it holds them,
+           else <data_dir>/text/tensorflow_datasets: lra/data/release.py).
+Archive and folders are read in file-name order; TFDS in the order of
+tfds.load(split, shuffle_files=False).
 
 Validation: LRA had none and validated on the test set; `val='test'` does
 the same. `val='heldout'` holds out the last 10% of a seeded shuffle of the
@@ -66,9 +71,6 @@ def _source_paths(data_dir):
   return {
     'archive': os.path.join(root, ARCHIVE),
     'folders': os.path.join(root, 'aclImdb'),
-    'tfds': os.path.join(
-      root, 'tensorflow_datasets', 'imdb_reviews', 'plain_text'
-    ),
   }
 
 
@@ -122,10 +124,13 @@ def _read_folders(root, progress):
 
 
 def _read_tfds(files, progress):
+  """{split: rows} in the order tfds.load(split, shuffle_files=False)
+  gives them (tfrecord.tfds_order)."""
   found = {}
   for split, paths in files.items():
-    rows = []
+    shards = []
     for path in paths:
+      rows = []
       for i, features in tqdm.tqdm(
         tfrecord.read_examples(path),
         desc=f'reading {os.path.basename(path)}',
@@ -144,7 +149,9 @@ def _read_tfds(files, progress):
             'is this imdb_reviews/plain_text?'
           )
         rows.append((f'{os.path.basename(path)}:{i}', label, text))
-    found[split] = rows
+      shards.append(rows)
+    order = tfrecord.tfds_order([len(rows) for rows in shards])
+    found[split] = [shards[s][i] for s, i in order]
   return found
 
 
@@ -158,8 +165,9 @@ def _find_source(data_dir, source, progress):
       'folders': lambda path: _read_folders(path, progress),
       'tfds': lambda files: _read_tfds(files, progress),
     },
+    task='text',
+    data_dir=data_dir,
     dataset='IMDB',
-    tfds_name='imdb_reviews',
     archive=ARCHIVE,
     url=URL,
   )

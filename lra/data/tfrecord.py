@@ -1,9 +1,11 @@
 """TFRecord files of tf.train.Example protos, read without TensorFlow.
 
-Reads the files of a prepared TensorFlow Datasets (TFDS) directory. A record
-is framed as: uint64 length, uint32 masked CRC-32C of the length, the data,
-uint32 masked CRC-32C of the data (all little-endian). The Example proto is
-decoded with a minimal protobuf wire-format parser:
+Reads the files of a prepared TensorFlow Datasets (TFDS) directory
+(tfds_files), in the order tfds.load(..., shuffle_files=False) gives their
+examples (tfds_order). A record is framed as: uint64 length, uint32 masked
+CRC-32C of the length, the data, uint32 masked CRC-32C of the data (all
+little-endian). The Example proto is decoded with a minimal protobuf
+wire-format parser:
 
   Example { Features features = 1; }
   Features { map<string, Feature> feature = 1; }
@@ -11,7 +13,7 @@ decoded with a minimal protobuf wire-format parser:
   *List { repeated value = 1; }  (numbers packed or not)
 """
 
-import glob
+import itertools
 import os
 import re
 import struct
@@ -206,8 +208,34 @@ def _version_key(name):
   return tuple(int(p) for p in name.split('.'))
 
 
+def _shards(folder, prefix, split):
+  """The complete shard set `<prefix>-<split>.tfrecord-<i>-of-<n>` in
+  `folder`, in index order, or None when there is none or one is missing."""
+  pattern = re.compile(
+    rf'{re.escape(prefix)}-{re.escape(split)}\.tfrecord-(\d+)-of-(\d+)'
+  )
+  found = {}
+  for name in os.listdir(folder):
+    match = pattern.fullmatch(name)
+    if match:
+      found[int(match.group(1)), int(match.group(2))] = name
+  counts = {n for _, n in found}
+  if len(counts) != 1:
+    return None
+  (n,) = counts
+  if sorted(i for i, _ in found) != list(range(n)):
+    return None
+  return [os.path.join(folder, found[i, n]) for i in range(n)]
+
+
 def tfds_files(dataset_dir, prefix, splits):
   """Finds the shards of the newest prepared version that has every split.
+
+  A version folder counts as prepared when it holds dataset_info.json and,
+  for every split, the whole set of TFRecord shards
+  `<prefix>-<split>.tfrecord-00000-of-<n>` to `...-<n - 1>-of-<n>` (what
+  TensorFlow Datasets writes; it prepares into a temporary folder and
+  renames it when done).
 
   Args:
     dataset_dir: `<tfds data dir>/<name>[/<config>]`, holding version dirs.
@@ -215,7 +243,7 @@ def tfds_files(dataset_dir, prefix, splits):
     splits: e.g. ('train', 'test').
 
   Returns:
-    {split: shard paths in shard order (as TFDS reads them)}, or None.
+    {split: shard paths in shard index order}, or None.
   """
   if not os.path.isdir(dataset_dir):
     return None
@@ -223,11 +251,82 @@ def tfds_files(dataset_dir, prefix, splits):
     v for v in os.listdir(dataset_dir) if re.fullmatch(r'\d+(\.\d+)*', v)
   ]
   for version in sorted(versions, key=_version_key, reverse=True):
-    root = glob.escape(os.path.join(dataset_dir, version))
-    files = {
-      s: sorted(glob.glob(os.path.join(root, f'{prefix}-{s}.tfrecord-*')))
-      for s in splits
-    }
+    root = os.path.join(dataset_dir, version)
+    if not os.path.isfile(os.path.join(root, 'dataset_info.json')):
+      continue
+    files = {s: _shards(root, prefix, s) for s in splits}
     if all(files.values()):
       return files
   return None
+
+
+# --------------------------------------------------- TFDS's reading order
+
+# tfds.load(name, split=..., shuffle_files=False) reads a split's shards
+# with tf.data.Dataset.interleave(cycle_length=16, block_length=16): the
+# tfds.ReadConfig defaults for a dataset that does not disable shuffling
+# (imdb_reviews, cifar10 do not), deterministic since the files are not
+# shuffled. So with more than one shard the examples do not come shard
+# after shard.
+TFDS_CYCLE_LENGTH = 16
+TFDS_BLOCK_LENGTH = 16
+_END = object()
+
+
+def interleave(sources, cycle_length, block_length):
+  """Yields the items of the iterables `sources` in the order of
+  tf.data.Dataset.interleave (deterministic): `cycle_length` slots, visited
+  in turn; a visit yields up to `block_length` items of its slot's
+  iterable; an empty slot takes the next iterable of `sources` when it is
+  visited; an iterable found exhausted frees its slot and the turn passes
+  to the next slot."""
+  sources = iter(sources)
+  slots = [None] * cycle_length
+  more, open_slots, i = True, 0, 0
+  while more or open_slots:
+    if slots[i] is None and more:
+      source = next(sources, _END)
+      if source is not _END:
+        slots[i] = iter(source)
+        open_slots += 1
+        continue
+      more = False
+    if slots[i] is not None:
+      for _ in range(block_length):
+        item = next(slots[i], _END)
+        if item is _END:
+          slots[i] = None
+          open_slots -= 1
+          break
+        yield item
+    i = (i + 1) % cycle_length
+
+
+def tfds_boundary(percent, num_examples):
+  """The example index of `percent`% in a TFDS split slice such as
+  'train[:90%]' (TFDS's default 'closest' rounding)."""
+  return int(round(percent * num_examples / 100.0))
+
+
+def tfds_order(lengths, start=0, stop=None):
+  """The (shard, record) pairs of examples [start, stop) of a split, in the
+  order tfds.load(..., shuffle_files=False) yields them.
+
+  TFDS slices a split by example count over its shards in index order
+  (records in file order), which gives each shard a skip and a take, then
+  interleaves those pieces (TFDS_CYCLE_LENGTH, TFDS_BLOCK_LENGTH).
+
+  Args:
+    lengths: the number of records of each shard, in shard index order.
+    start, stop: the slice, in examples (stop None: the end).
+  """
+  stop = sum(lengths) if stop is None else stop
+  pieces, offset = [], 0
+  for shard, n in enumerate(lengths):
+    lo, hi = max(start, offset), min(stop, offset + n)
+    if lo < hi:
+      pieces.append(
+        zip(itertools.repeat(shard), range(lo - offset, hi - offset))
+      )
+    offset += n
+  return list(interleave(pieces, TFDS_CYCLE_LENGTH, TFDS_BLOCK_LENGTH))
