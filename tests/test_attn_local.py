@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from lra.errors import UserError
-import models.attention.local  # noqa: F401
+from models.attention.base import attend
+from models.attention.local import attend_flat
 from models.attention.memory import core_memory_bytes
 
 H, D = 2, 8
@@ -132,6 +133,35 @@ def test_memory_grows_linearly():
   small = core_memory_bytes({'name': 'local'}, 1024)
   large = core_memory_bytes({'name': 'local'}, 4096)
   assert large / small <= 5, (small, large)
+
+
+@pytest.mark.parametrize('rate', [0.0, 0.25])
+def test_attend_flat_equals_attend(rate):
+  """The merged-batch products (issue #35) change no value, gradient or
+  dropout mask of base.attend."""
+  shape = (2, 3, H, 5, D)  # [B, N, H, C, D]
+  q, k, v = (
+    jax.random.normal(key, shape)
+    for key in jax.random.split(jax.random.key(0), 3)
+  )
+  allowed = jnp.tril(jnp.ones((5, 5), bool)) & (
+    jnp.arange(3)[None, :, None, None, None]
+    < jnp.array([3, 2])[:, None, None, None, None]
+  )
+  key = jax.random.key(1) if rate else None
+
+  def loss(fn):
+    def f(q, k, v):
+      out = fn(q, k, v, allowed, scale=D**-0.5, rate=rate, key=key)
+      return jnp.sum(out * jnp.arange(D)), out
+
+    return jax.value_and_grad(f, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+  (_, out_a), grads_a = loss(attend)
+  (_, out_b), grads_b = loss(attend_flat)
+  np.testing.assert_allclose(out_b, out_a, atol=1e-6)
+  for a, b in zip(grads_a, grads_b, strict=True):
+    np.testing.assert_allclose(b, a, atol=1e-5)
 
 
 # The shared suite's settings for this core (tests/test_attention_suite.py).

@@ -28,13 +28,17 @@ import jax
 import jax.numpy as jnp
 
 from models.attention.base import AttentionCore, key_valid_BxM
-from models.attention.kernel_attention import kernel_attention
+from models.attention.kernel_attention import (
+  kernel_attention_heads_first,
+  swap_heads,
+)
 from models.attention.registry import register
 
 
-def elu_features(x_BxLxHxD):
-  """phi(x) = elu(x) + 1 in float32 (positive, so the normaliser is > 0)."""
-  return jax.nn.elu(x_BxLxHxD.astype(jnp.float32)) + 1.0
+def elu_features(x):
+  """phi(x) = elu(x) + 1 in float32 (positive, so the normaliser is > 0),
+  elementwise (any layout)."""
+  return jax.nn.elu(x.astype(jnp.float32)) + 1.0
 
 
 @register('linear_transformer')
@@ -66,11 +70,12 @@ class LinearTransformerAttention(AttentionCore):
   ):
     del rngs, memory
     b, m = k_BxMxHxD.shape[:2]
-    out_BxLxHxD = kernel_attention(
-      elu_features(q_BxLxHxD),
-      elu_features(k_BxMxHxD),
-      v_BxMxHxD,
+    # Heads first (kernel_attention.py, Layout); phi acts elementwise.
+    out_BxHxLxD = kernel_attention_heads_first(
+      elu_features(swap_heads(q_BxLxHxD)),
+      elu_features(swap_heads(k_BxMxHxD)),
+      swap_heads(v_BxMxHxD),
       key_valid_BxM(mask, b, m),
       causal=mask.causal,
     )
-    return out_BxLxHxD.astype(self.dtype), {}
+    return swap_heads(out_BxHxLxD).astype(self.dtype), {}

@@ -20,12 +20,13 @@ and keys must have the same length (self-attention).
 """
 
 import jax.numpy as jnp
+import numpy as np
 
 from models.attention.base import (
   AttentionCore,
-  attend,
   int_option,
   key_valid_BxM,
+  masked_softmax,
   pad_to_multiple,
 )
 from models.attention.registry import register
@@ -50,6 +51,41 @@ def valid_blocks(mask, batch, length, size):
     key_valid_BxM(mask, batch, length), size, axis=1, value=False
   )
   return valid_BxM.reshape(batch, -1, size)
+
+
+def attend_flat(
+  q_XxCxD, k_XxKxD, v_XxKxD, allowed_XxCxK, *, scale, rate=0.0, key=None
+):
+  """`base.attend` for q, k, v with the same leading dims X, run over one
+  merged batch dim prod(X). On XLA's CPU backend the backward pass (its key
+  and value gradients contract over the query rows, outside the fast
+  matmul path) ran 1.1-1.2x faster so than with the dims B, N, H kept
+  apart (issue #35). Values, gradients and dropout masks (the same random
+  bits: one draw over prod(X) * C * K elements in the same order) equal
+  `attend`'s."""
+  lead = q_XxCxD.shape[:-2]
+  x, c, k = int(np.prod(lead)), q_XxCxD.shape[-2], k_XxKxD.shape[-2]
+  allowed_XxCxK = jnp.broadcast_to(
+    allowed_XxCxK, lead + allowed_XxCxK.shape[-2:]
+  )
+  logits_XxCxK = jnp.einsum(
+    'xcd,xkd->xck',
+    q_XxCxD.reshape(x, c, -1),
+    k_XxKxD.reshape(x, k, -1),
+    preferred_element_type=jnp.float32,
+  )
+  weights_XxCxK = masked_softmax(
+    logits_XxCxK * scale,
+    allowed_XxCxK.reshape((x,) + allowed_XxCxK.shape[-2:]),
+    rate,
+    key,
+  )
+  out_XxCxD = jnp.einsum(
+    'xck,xkd->xcd',
+    weights_XxCxK.astype(v_XxKxD.dtype),
+    v_XxKxD.reshape(x, k, -1),
+  )
+  return out_XxCxD.reshape(lead + (c, -1))
 
 
 def check_self_attention(core, length_q, length_k):
@@ -102,7 +138,7 @@ class LocalAttention(AttentionCore):
       allowed_BxNx1xCxC = allowed_BxNx1xCxC & jnp.tril(
         jnp.ones((size, size), bool)
       )
-    out_BxNxHxCxD = attend(
+    out_BxNxHxCxD = attend_flat(
       q_BxNxHxCxD,
       k_BxNxHxCxD,
       v_BxNxHxCxD,

@@ -65,7 +65,10 @@ from models.attention.base import (
   int_option,
   key_valid_BxM,
 )
-from models.attention.kernel_attention import kernel_attention
+from models.attention.kernel_attention import (
+  kernel_attention_heads_first,
+  swap_heads,
+)
 from models.attention.registry import register
 from models.errors import UserError
 
@@ -118,35 +121,37 @@ def _orthonormal_rows(g_NxDxD):  # N: blocks
   return jax.lax.fori_loop(0, d, body, jnp.zeros_like(g_NxDxD))
 
 
-def softmax_features(x_BxLxHxD, w_HxFxD, valid_BxL=None):
-  """Positive random features of exp(q . k / sqrt(D)), float32.
+def softmax_features(x_BxHxLxD, w_HxFxD, valid_BxL=None):
+  """Positive random features of exp(q . k / sqrt(D)), float32, heads
+  first: x [B, H, L, D] -> [B, H, L, m] (kernel_attention.py, Layout).
 
   Queries (valid_BxL None): stabiliser = max over features, per position.
   Keys (valid_BxL given): stabiliser = max over features and visible keys,
   per example and head; padded keys get 0.
   """
-  d = x_BxLxHxD.shape[-1]
+  d = x_BxHxLxD.shape[-1]
   m = w_HxFxD.shape[1]
-  x_BxLxHxD = x_BxLxHxD.astype(jnp.float32) * d**-0.25
-  proj_BxLxHxF = jnp.einsum('blhd,hfd->blhf', x_BxLxHxD, w_HxFxD)
-  half_sq_BxLxHx1 = 0.5 * jnp.sum(jnp.square(x_BxLxHxD), axis=-1, keepdims=True)
-  e_BxLxHxF = proj_BxLxHxF - half_sq_BxLxHx1
+  x_BxHxLxD = x_BxHxLxD.astype(jnp.float32) * d**-0.25
+  proj_BxHxLxF = jnp.einsum('bhld,hfd->bhlf', x_BxHxLxD, w_HxFxD)
+  half_sq_BxHxLx1 = 0.5 * jnp.sum(jnp.square(x_BxHxLxD), axis=-1, keepdims=True)
+  e_BxHxLxF = proj_BxHxLxF - half_sq_BxHxLx1
   if valid_BxL is None:
-    top = jnp.max(e_BxLxHxF, axis=-1, keepdims=True)
+    top = jnp.max(e_BxHxLxF, axis=-1, keepdims=True)
   else:
-    e_BxLxHxF = jnp.where(valid_BxL[:, :, None, None], e_BxLxHxF, -jnp.inf)
-    top = jnp.max(e_BxLxHxF, axis=(1, 3), keepdims=True)
+    e_BxHxLxF = jnp.where(valid_BxL[:, None, :, None], e_BxHxLxF, -jnp.inf)
+    top = jnp.max(e_BxHxLxF, axis=(2, 3), keepdims=True)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-  return jnp.exp(e_BxLxHxF - jax.lax.stop_gradient(top)) * m**-0.5
+  return jnp.exp(e_BxHxLxF - jax.lax.stop_gradient(top)) * m**-0.5
 
 
-def relu_features(x_BxLxHxD, w_HxFxD):
-  """relu(w . x) / sqrt(m) + eps, x scaled by D^-1/4, float32."""
-  d = x_BxLxHxD.shape[-1]
+def relu_features(x_BxHxLxD, w_HxFxD):
+  """relu(w . x) / sqrt(m) + eps, x scaled by D^-1/4, float32, heads
+  first: [B, H, L, D] -> [B, H, L, m]."""
+  d = x_BxHxLxD.shape[-1]
   m = w_HxFxD.shape[1]
-  x_BxLxHxD = x_BxLxHxD.astype(jnp.float32) * d**-0.25
-  proj_BxLxHxF = jnp.einsum('blhd,hfd->blhf', x_BxLxHxD, w_HxFxD)
-  return (jax.nn.relu(proj_BxLxHxF) + RELU_EPS) * m**-0.5
+  x_BxHxLxD = x_BxHxLxD.astype(jnp.float32) * d**-0.25
+  proj_BxHxLxF = jnp.einsum('bhld,hfd->bhlf', x_BxHxLxD, w_HxFxD)
+  return (jax.nn.relu(proj_BxHxLxF) + RELU_EPS) * m**-0.5
 
 
 @register('performer')
@@ -194,14 +199,21 @@ class PerformerAttention(AttentionCore):
 
   def feature_maps(self, q_BxLxHxD, k_BxMxHxD, valid_BxM, w_HxFxD=None):
     """(phi_q [B,L,H,m], phi_k [B,M,H,m]); stored features if w is None."""
+    phi_q_BxHxLxF, phi_k_BxHxMxF = self._features(
+      swap_heads(q_BxLxHxD), swap_heads(k_BxMxHxD), valid_BxM, w_HxFxD
+    )
+    return swap_heads(phi_q_BxHxLxF), swap_heads(phi_k_BxHxMxF)
+
+  def _features(self, q_BxHxLxD, k_BxHxMxD, valid_BxM, w_HxFxD=None):
+    """`feature_maps` heads first: (phi_q [B,H,L,m], phi_k [B,H,M,m])."""
     if w_HxFxD is None:
       w_HxFxD = self.features[...]
     if self.kernel == 'relu':
-      return relu_features(q_BxLxHxD, w_HxFxD), relu_features(
-        k_BxMxHxD, w_HxFxD
+      return relu_features(q_BxHxLxD, w_HxFxD), relu_features(
+        k_BxHxMxD, w_HxFxD
       )
-    return softmax_features(q_BxLxHxD, w_HxFxD), softmax_features(
-      k_BxMxHxD, w_HxFxD, valid_BxM
+    return softmax_features(q_BxHxLxD, w_HxFxD), softmax_features(
+      k_BxHxMxD, w_HxFxD, valid_BxM
     )
 
   def __call__(
@@ -215,14 +227,15 @@ class PerformerAttention(AttentionCore):
       w_HxFxD = draw_features(
         rngs, self.num_heads, self.num_features, self.head_dim, self.orthogonal
       )
-    phi_q_BxLxHxF, phi_k_BxMxHxF = self.feature_maps(
-      q_BxLxHxD, k_BxMxHxD, valid_BxM, w_HxFxD
+    # Heads first throughout (kernel_attention.py, Layout).
+    phi_q_BxHxLxF, phi_k_BxHxMxF = self._features(
+      swap_heads(q_BxLxHxD), swap_heads(k_BxMxHxD), valid_BxM, w_HxFxD
     )
-    out_BxLxHxD = kernel_attention(
-      phi_q_BxLxHxF,
-      phi_k_BxMxHxF,
-      v_BxMxHxD,
+    out_BxHxLxD = kernel_attention_heads_first(
+      phi_q_BxHxLxF,
+      phi_k_BxHxMxF,
+      swap_heads(v_BxMxHxD),
       valid_BxM,
       causal=mask.causal,
     )
-    return out_BxLxHxD.astype(self.dtype), {}
+    return swap_heads(out_BxHxLxD).astype(self.dtype), {}
