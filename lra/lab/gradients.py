@@ -23,13 +23,18 @@ import numpy as np
 from lra.errors import UserError
 from lra.train import build, loop, runtime, steps
 from lra.train.checkpoints import Checkpoints
-from lra.train.cli import exit_with_error, run_main
+from lra.train.cli import exit_with_error, quiet_logs, run_main
 from lra.train.load import load_run
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('workdir', None, 'A train.py run folder.')
-flags.DEFINE_integer('batches', 4, 'Training batches averaged over.')
-flags.DEFINE_string('out', None, 'Also write the tables to this file.')
+
+
+def define_flags():
+  """The command's flags (defined on running it, not on importing the
+  module: the tests import gradient_table beside other commands' flags)."""
+  flags.DEFINE_string('workdir', None, 'A train.py run folder.')
+  flags.DEFINE_integer('batches', 4, 'Training batches averaged over.')
+  flags.DEFINE_string('out', None, 'Also write the tables to this file.')
 
 
 def gradient_table(graphdef, state, config, task, data, batches):
@@ -91,6 +96,7 @@ def main(argv):
 def report(argv):
   if len(argv) > 1:
     raise UserError(f'Unexpected argument {argv[1]!r}; see --help.')
+  quiet_logs()
   if not FLAGS.workdir:
     raise UserError('--workdir is required: a train.py run folder.')
   first = load_run(FLAGS.workdir, 'latest')
@@ -120,4 +126,5 @@ def report(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   run_main(main)
