@@ -111,6 +111,20 @@ class Embedder(nnx.Module):
   between: the CLS gets position 0 and the table has a row for it.
   """
 
+  @classmethod
+  def of(cls, cfg, vocab_size, max_length, *, dtype, rngs):
+    """The encoders' Embedder: width, positions and model.embed_std from
+    the model config `cfg`."""
+    return cls(
+      vocab_size,
+      cfg.emb_dim,
+      max_length,
+      cfg.positions,
+      dtype=dtype,
+      rngs=rngs,
+      embed_std=embed_std_option(cfg),
+    )
+
   def __init__(
     self,
     vocab_size,

@@ -22,7 +22,7 @@ import ml_collections
 from models.attention import Mask
 from models.attention.base import dropout
 from models.attention.registry import check_per_layer, get_core_class
-from models.embeddings import Embedder, embed_std_option
+from models.embeddings import Embedder
 from models.errors import UserError
 from models.layers import TransformerBlock, block_class, split_key
 from models.reversible import reversible_blocks
@@ -50,15 +50,7 @@ class Encoder(nnx.Module):
     # wants prepended (BigBird ETC's global tokens): attention_for_model.
     cfg, self.num_extra = attention_for_model(cfg, causal)
     total = max_length + int(self.use_cls)
-    self.embed = Embedder(
-      vocab_size,
-      cfg.emb_dim,
-      total,
-      cfg.positions,
-      dtype=dtype,
-      rngs=rngs,
-      embed_std=embed_std_option(cfg),
-    )
+    self.embed = Embedder.of(cfg, vocab_size, total, dtype=dtype, rngs=rngs)
     if self.use_cls:
       # Zeros, as the LRA reference; it gets position 0 (prepended before
       # the positions are added).

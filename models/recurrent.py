@@ -58,7 +58,7 @@ import jax.numpy as jnp
 
 from models.attention import Mask
 from models.attention.base import dropout, pad_to_multiple
-from models.embeddings import Embedder, embed_std_option
+from models.embeddings import Embedder
 from models.errors import UserError
 from models.layers import TransformerBlock, split_key
 
@@ -110,15 +110,7 @@ class SegmentRecurrentEncoder(nnx.Module):
       raise UserError(
         f'model.segment_remat must be True or False, got {self.remat!r}.'
       )
-    self.embed = Embedder(
-      vocab_size,
-      cfg.emb_dim,
-      total,
-      cfg.positions,
-      dtype=dtype,
-      rngs=rngs,
-      embed_std=embed_std_option(cfg),
-    )
+    self.embed = Embedder.of(cfg, vocab_size, total, dtype=dtype, rngs=rngs)
     if self.use_cls:
       self.cls_E = nnx.Param(jnp.zeros((cfg.emb_dim,), jnp.float32))
     self.blocks = nnx.List(

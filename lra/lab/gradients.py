@@ -44,15 +44,7 @@ def gradient_table(graphdef, state, config, task, data, batches):
   @jax.jit
   def grads_of(state, batch):
     model, _ = nnx.merge(graphdef, state)
-
-    def loss_fn(model):
-      logits, aux = model(batch['inputs'], key=None)
-      m = steps.weighted_loss_and_metrics(
-        logits, batch['labels'], batch['weights']
-      )
-      return m['loss_sum'] / jnp.maximum(m['count'], 1) + aux['aux_loss']
-
-    return nnx.grad(loss_fn)(model)
+    return nnx.grad(steps.batch_loss, has_aux=True)(model, batch)[0]
 
   total = None
   for i in range(batches):

@@ -137,7 +137,7 @@ def make_optimizer(config, model=None):
   schedule = learning_rate_schedule(config)
   ssm_lr = config.get('ssm_learning_rate', 0.0)
   ssm_paths = ssm_parameter_paths(model) if model is not None else ()
-  if ssm_lr and ssm_lr > 0 and ssm_paths:
+  if ssm_lr > 0 and ssm_paths:
     tx = _grouped_adamw(config, schedule, ssm_paths)
   else:
     tx = optax.adamw(
@@ -171,6 +171,14 @@ ROW = (
   'params_finite',
   'learning_rate',
 )
+
+
+def batch_loss(model, batch, key=None):
+  """(the training loss of `batch`: mean over its weights plus the model's
+  aux loss, the summed metrics); key None: no dropout."""
+  logits, aux = model(batch['inputs'], key=key)
+  m = weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
+  return m['loss_sum'] / jnp.maximum(m['count'], 1) + aux['aux_loss'], m
 
 
 def make_train_step(
@@ -207,13 +215,9 @@ def make_train_step(
     if prepare is not None:
       batch = prepare(batch, key)
 
-    def loss_fn(model):
-      logits, aux = model(batch['inputs'], key=key)
-      m = weighted_loss_and_metrics(logits, batch['labels'], batch['weights'])
-      loss = m['loss_sum'] / jnp.maximum(m['count'], 1) + aux['aux_loss']
-      return loss, m
-
-    (loss, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    (loss, metrics), grads = nnx.value_and_grad(batch_loss, has_aux=True)(
+      model, batch, key
+    )
     optimizer.update(model, grads)
     metrics['loss'] = loss
     metrics['grad_norm'] = optax.tree.norm(grads)
