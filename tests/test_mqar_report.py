@@ -155,3 +155,46 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
   paths = mqar_report.report([folder], str(tmp_path / 'out'))
   for path in paths:
     assert os.path.getsize(path) > 0, path
+
+
+def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
+  tmp_path, sweeps
+):
+  """LABEL=FOLDER names a sweep's rows (one model in two set-ups is two
+  rows, not a duplicate error); an interrupted run with validation points
+  is listed under "Stopped before the end" with its best validation, and
+  is not a table row."""
+  w64, _ = sweeps
+  other = str(tmp_path / 'other')
+  write_sweep(other, 64, [('transformer', '1e-3', 0.5, 0.5, {}, 'causal')])
+  with pytest.raises(UserError, match='LABEL=FOLDER'):
+    mqar_report.rows_of([w64, other])
+  rows = mqar_report.rows_of([w64, 'transformer (no FFN)=' + other])
+  names = {(r['name'], r['width']) for r in rows}
+  assert ('transformer', 64) in names
+  assert ('transformer (no FFN)', 64) in names
+  # An interrupted run: a curve, no row.
+  stopped = str(tmp_path / 'stopped')
+  workdir = os.path.join(stopped, 'run')
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    json.dump({'data': {'seq_len': 128, 'num_kv_pairs': 8}, 'model': {'emb_dim': 64}}, f)
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    for step, acc in ((500, 0.1), (1000, 0.97), (1500, 0.95)):
+      f.write(json.dumps({'step': step, 'split': 'val', 'accuracy': acc}) + '\n')
+  entry = dict(
+    task='mqar', model='mamba', workdir=workdir, grid={'learning_rate': '1e-3'},
+    status='interrupted', steps_done=1600, num_train_steps=4000,
+  )  # fmt: skip
+  with open(os.path.join(stopped, 'sweep.json'), 'w') as f:
+    json.dump({'command': 'x', 'runs': [entry]}, f)
+  with pytest.raises(UserError, match='no finished mqar run'):
+    mqar_report.rows_of(['zoo=' + stopped])
+  found = mqar_report.stopped_of(['zoo=' + stopped])
+  assert [(r['name'], r['best_val'], r['best_step']) for r in found] == [
+    ('zoo', 97.0, 1000)
+  ]
+  paths = mqar_report.report([w64, 'zoo=' + stopped], str(tmp_path / 'o'))
+  text = open(paths[0]).read()
+  assert '| `zoo` | 64 | 128:8 | learning_rate=1e-3 | 1,600 of 4,000 | 97.0 (step 1,000) |' in text
+  assert os.path.getsize(paths[3]) > 0

@@ -13,6 +13,11 @@
 #   all stopped with SIGINT at the deadline (each keeps its checkpoint and
 #   its validation curve in metrics.jsonl).
 # Usage (repo root): bash lra/lab/device_session.sh OUT_DIR TOTAL_SECONDS
+# Environment: MIXERS (default: the nine recurrent mixers), WIDTH (128;
+# another width writes runs/gpu/mqar_long_wWIDTH), LRS (learning rates,
+# commas: 1e-3), MQAR_STEPS (6000), CHECK_S (the devicecheck's budget, 120;
+# 1 skips it), TAIL_S (seconds kept after the deadline, 45). Run again on a
+# warm machine, it resumes every run from its checkpoint.
 # Writes OUT_DIR/runs.tgz (every run's metrics, results and sweep.json, no
 # checkpoints) and OUT_DIR/log.txt.
 set -u
@@ -50,8 +55,8 @@ STEPS=${MQAR_STEPS:-6000}
 pids=()
 for M in ${MIXERS:-mamba s4d s5 retnet mamba2 h3 hyena gla deltanet}; do
   timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
-    --preset small --out "runs/gpu/mqar_long/$M" --models "$M" \
-    --grid learning_rate=1e-3 --config.model.emb_dim=128 \
+    --preset small --out "runs/gpu/mqar_long${WIDTH:+_w$WIDTH}/$M" --models "$M" \
+    --grid learning_rate="${LRS:-1e-3}" --config.model.emb_dim="${WIDTH:-128}" \
     --config.num_train_steps="$STEPS" --config.eval_every_steps=500 \
     --config.checkpoint_every_steps=500 --config.data.test_splits=64:4,64:16 \
     > "runs/gpu/log_$M.txt" 2>&1 &

@@ -22,7 +22,14 @@ data.num_kv_pairs) with its extra test splits of the same length
 table columns only. Width is the run's model.emb_dim; the form is its
 data.form (bidirectional rows, for encoders that cannot be causal, are
 marked `bi`). A (model, form, width) found in two sweeps is an error (one
-sentence): give each comparison once.
+sentence): give each comparison once, or name a sweep: `LABEL=FOLDER` in
+--sweeps shows that sweep's rows as LABEL (e.g. `mamba, Zoology
+block=runs/mqar/mamba_zoo`), so one model in two set-ups is two rows.
+
+A run stopped before its last step (interrupted: no test accuracy) is not
+a table row; its validation curve is still drawn in mqar_curves.png,
+labelled with the step it reached, and mqar.md lists it under "Stopped
+before the end" with its best validation accuracy.
 """
 
 from __future__ import annotations
@@ -64,23 +71,101 @@ def tuned_per_width(entries: list[dict]) -> list[dict]:
   ]
 
 
+def named_sweep(item: str) -> tuple[str | None, str]:
+  """'LABEL=FOLDER' -> (LABEL, FOLDER); a plain folder -> (None, FOLDER)."""
+  label, sep, folder = item.partition('=')
+  if sep and label.strip() and '/' not in label and folder:
+    return label.strip(), folder
+  return None, item
+
+
+def _entries(item: str) -> tuple[str | None, str, list[dict]]:
+  label, folder = named_sweep(item)
+  sweep = rundir.read_json(os.path.join(folder, 'sweep.json'))
+  if not isinstance(sweep, dict):
+    raise UserError(
+      f'--sweeps {folder}: no sweep.json in it; give the --out folder of '
+      'a finished python -m lra.lab.sweep --tasks mqar run.'
+    )
+  entries = [
+    dict(e, grid=e.get('grid') or {})
+    for e in sweep.get('runs', [])
+    if e.get('task') == 'mqar'
+  ]
+  return label, folder, entries
+
+
+def stopped_of(sweep_dirs: list[str]) -> list[dict]:
+  """The sweeps' mqar runs stopped before their last step that logged a
+  validation point: name, width, seq_len, pairs, workdir, steps_done,
+  num_train_steps, best_val (%), the step of that best."""
+  out = []
+  for item in sweep_dirs:
+    label, _, entries = _entries(item)
+    for e in entries:
+      if e.get('status') != 'interrupted' or not e.get('workdir'):
+        continue
+      log = os.path.join(e['workdir'], 'metrics.jsonl')
+      if not os.path.exists(log):
+        continue
+      from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
+
+      vals = [
+        (r['step'], 100 * r['accuracy'])
+        for r in read_rows(log)
+        if r.get('split') == 'val' and 'accuracy' in r
+      ]
+      if not vals:
+        continue
+      config = rundir.read_config(e['workdir']) or {}
+      data, model = config.get('data', {}), config.get('model', {})
+      step, best = max(vals, key=lambda v: v[1])
+      out.append(
+        dict(
+          model=e['model'],
+          name=label or e['model'],
+          form=data.get('form'),
+          width=model.get('emb_dim'),
+          seq_len=data.get('seq_len'),
+          pairs=data.get('num_kv_pairs'),
+          workdir=e['workdir'],
+          steps_done=e.get('steps_done') or vals[-1][0],
+          num_train_steps=e.get('num_train_steps'),
+          best_val=best,
+          best_step=step,
+          choice=sweep_grid.label(tuple(e['grid'].items())),
+        )
+      )
+  return out
+
+
+def stopped_markdown(stopped: list[dict]) -> str:
+  if not stopped:
+    return ''
+  lines = [
+    'Stopped before the end (no test accuracy; validation only):',
+    '',
+    '| run | width | L:pairs | grid | reached step | best validation (%) |',
+    '|---|---|---|---|---|---|',
+  ]
+  for r in stopped:
+    lines.append(
+      f'| `{_label(r)}` | {r["width"]} | {r["seq_len"]}:{r["pairs"]} | '
+      f'{r["choice"] or "-"} | {r["steps_done"]:,} of '
+      f'{r["num_train_steps"] or 0:,} | {r["best_val"]:.1f} (step '
+      f'{r["best_step"]:,}) |'
+    )
+  return '\n'.join(lines) + '\n'
+
+
 def rows_of(sweep_dirs: list[str]) -> list[dict]:
   """One dict per (model, form, width) of the sweeps' mqar runs (tuned by
-  the grid when there is one): model, form, width, choice, complete,
-  seq_len, curve {pairs: accuracy}, splits {name: accuracy}."""
+  the grid when there is one): model, name (the sweep's LABEL, else the
+  model), form, width, choice, complete, seq_len, curve {pairs: accuracy},
+  splits {name: accuracy}."""
   rows, seen = [], {}
-  for folder in sweep_dirs:
-    sweep = rundir.read_json(os.path.join(folder, 'sweep.json'))
-    if not isinstance(sweep, dict):
-      raise UserError(
-        f'--sweeps {folder}: no sweep.json in it; give the --out folder of '
-        'a finished python -m lra.lab.sweep --tasks mqar run.'
-      )
-    entries = [
-      dict(e, grid=e.get('grid') or {})
-      for e in sweep.get('runs', [])
-      if e.get('task') == 'mqar'
-    ]
+  for item in sweep_dirs:
+    label, folder, entries = _entries(item)
     for tuned in tuned_per_width(entries):
       best = tuned['best']
       if best is None:
@@ -88,7 +173,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
       config = rundir.read_config(best['workdir']) or {}
       data, model = config.get('data', {}), config.get('model', {})
       key = (
-        tuned['model'],
+        label or tuned['model'],
         data.get('form'),
         model.get('emb_dim'),
         data.get('seq_len'),
@@ -98,7 +183,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
         raise UserError(
           f'{key[0]} ({key[1]}, width {key[2]}, {key[3]}:{key[4]}) is in '
           f'both {seen[key]} and {folder}; give each comparison once in '
-          '--sweeps.'
+          '--sweeps, or name one: LABEL=FOLDER.'
         )
       seen[key] = folder
       length, pairs = data.get('seq_len'), data.get('num_kv_pairs')
@@ -115,6 +200,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
       rows.append(
         dict(
           model=tuned['model'],
+          name=label or tuned['model'],
           form=data.get('form'),
           width=model.get('emb_dim'),
           choice=sweep_grid.label(
@@ -167,7 +253,7 @@ def markdown(rows: list[dict]) -> str:
     if not r['complete']:
       choice += ' (partial)'
     cells = [
-      f'`{r["model"]}`',
+      f'`{r.get("name") or r["model"]}`',
       'bi' if r['form'] == 'bidirectional' else r['form'] or '-',
       str(r['width']),
       choice,
@@ -261,7 +347,8 @@ def width_markdown(rows: list[dict]) -> str:
 
 
 def _label(r):
-  return r['model'] + (' (bi)' if r['form'] == 'bidirectional' else '')
+  name = r.get('name') or r['model']
+  return name + (' (bi)' if r['form'] == 'bidirectional' else '')
 
 
 def _styles(names):
@@ -341,10 +428,11 @@ def width_plot(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def curves_plot(rows: list[dict], path: str) -> None:
+def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   """Validation accuracy against step of each model's chosen run at its
   widest width, one panel per setting: whether the best point had stopped
-  rising when training ended (raw points faint, a running mean on top)."""
+  rising when training ended; then each `stopped` run (stopped_of), its
+  label ending in the step it reached."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -352,9 +440,10 @@ def curves_plot(rows: list[dict], path: str) -> None:
 
   from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
 
-  settings = settings_of(rows)
+  settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
-  style = _styles(names)
+  extra = [f'{_label(r)} (stopped)' for r in stopped]
+  style = _styles(list(dict.fromkeys([*names, *extra])))
   fig, axes = plt.subplots(
     1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
   )
@@ -385,6 +474,24 @@ def curves_plot(rows: list[dict], path: str) -> None:
         label=f'{name} (w{r["width"]})',
         markersize=4,
       )
+    for r, name in zip(stopped, extra):
+      if (r['seq_len'], r['pairs']) != (length, pairs):
+        continue
+      vals = [
+        (row['step'], 100 * row['accuracy'])
+        for row in read_rows(os.path.join(r['workdir'], 'metrics.jsonl'))
+        if row.get('split') == 'val' and 'accuracy' in row
+      ]
+      colour, marker, line = style[name]
+      ax.plot(
+        *zip(*vals),
+        marker=marker,
+        color=colour,
+        linestyle=line,
+        markersize=4,
+        label=f'{_label(r)} (w{r["width"]}, stopped at '
+        f'{r["steps_done"]:,} of {r["num_train_steps"] or 0:,})',
+      )
     ax.set_xlabel('training step')
     ax.set_ylabel('validation accuracy (%)')
     ax.set_ylim(-2, 102)
@@ -405,6 +512,7 @@ def report(sweep_dirs: list[str], out: str) -> tuple[str, ...]:
   width, Zoology's Figure 2 form) and mqar_curves.png (validation
   curves); returns their paths."""
   rows = rows_of(sweep_dirs)
+  stopped = stopped_of(sweep_dirs)
   os.makedirs(out, exist_ok=True)
   paths = [
     os.path.join(out, n)
@@ -412,9 +520,11 @@ def report(sweep_dirs: list[str], out: str) -> tuple[str, ...]:
   ]
   with open(paths[0], 'w') as f:
     f.write(width_markdown(rows) + '\n' + markdown(rows) + '\n')
+    if stopped:
+      f.write('\n' + stopped_markdown(stopped))
   plot(rows, paths[1])
   width_plot(rows, paths[2])
-  curves_plot(rows, paths[3])
+  curves_plot(rows, paths[3], stopped)
   return tuple(paths)
 
 
