@@ -77,11 +77,16 @@ def direction_loop(p, x, real):
       if s >= 0:
         conv[:, t] += w[j] * x[:, s]
   u = silu(conv) * real[..., None]
-  dbl = u @ f64(p.x_proj.kernel[...])
   r, n = p.rank, p.state
-  dt = softplus(dbl[..., :r] @ f64(p.dt_proj.kernel[...]) + f64(p.dt_bias_I))
+  if p.selective:
+    dbl = u @ f64(p.x_proj.kernel[...])
+    dt = softplus(dbl[..., :r] @ f64(p.dt_proj.kernel[...]) + f64(p.dt_bias_I))
+    bm, cm = dbl[..., r : r + n], dbl[..., r + n :]
+  else:  # the ablation: dt, B, C the same at every position
+    dt = np.broadcast_to(softplus(f64(p.dt_bias_I)), u.shape)
+    bm = np.broadcast_to(f64(p.b_N), (b, length, n))
+    cm = np.broadcast_to(f64(p.c_N), (b, length, n))
   dt = dt * real[..., None]
-  bm, cm = dbl[..., r : r + n], dbl[..., r + n :]
   a = -np.exp(f64(p.a_log_IxN[...]))
   h = np.zeros((b, inner, n))
   y = np.zeros((b, length, inner))
@@ -106,9 +111,11 @@ def reference(m, x, pad, causal):
 
 
 @pytest.mark.parametrize('causal', [False, True])
-@pytest.mark.parametrize('length,chunk', [(37, 8), (100, 64)])
-def test_chunked_scan_equals_step_loop(length, chunk, causal):
-  m = make(chunk_size=chunk)
+@pytest.mark.parametrize(
+  'length,chunk,selective', [(37, 8, True), (100, 64, True), (37, 8, False)]
+)
+def test_chunked_scan_equals_step_loop(length, chunk, selective, causal):
+  m = make(chunk_size=chunk, selective=selective)
   x = inputs(length, seed=1)
   pad = padding([length, 20], length)
   got = f64(runner(m, causal)(x, pad))
@@ -317,10 +324,28 @@ def test_options_and_registry():
     {'chunk_size': 0},
     {'dt_min': 'small'},
     {'dt_min': 0.5, 'dt_max': 0.1},
+    {'selective': 'no'},
   )
   for opts in bad:
     with pytest.raises(UserError, match='mamba'):
       make(**opts)
+
+
+def test_without_selection_dt_b_c_do_not_depend_on_the_input():
+  """selective=False: no x_proj / dt_proj; the scan's dt, B and C are the
+  same at every real position whatever the input (a time-invariant SSM),
+  where the selective layer's vary; padded positions keep dt = 0."""
+  lti, s6 = make(selective=False), make(selective=True)
+  assert not hasattr(lti.fwd, 'x_proj') and hasattr(s6.fwd, 'x_proj')
+  x = jnp.asarray(normal(4, 10, 3, 2 * E))  # [L, B, I] time-major
+  keep = jnp.asarray(padding([10, 10, 6], 10).T.reshape(-1, 1))
+  for m, invariant in ((lti, True), (s6, False)):
+    _, dt, _, bm, cm = m.fwd.scan_inputs(x, keep)
+    real = np.asarray(keep[:, 0])
+    for t in (dt, bm, cm):
+      t = np.asarray(t)[real]
+      assert np.allclose(t, t[:1]) == invariant
+    assert np.all(np.asarray(dt)[~real] == 0)
 
 
 def step_loop_time_major(u_LxXxI, dt_LxXxI, a_XxNxI, b_LxXxN, c_LxXxN, chunk):

@@ -15,7 +15,10 @@
 # Usage (repo root): bash lra/lab/device_session.sh OUT_DIR TOTAL_SECONDS
 # Environment: MIXERS (default: the nine recurrent mixers), WIDTH (128;
 # another width writes runs/gpu/mqar_long_wWIDTH), LRS (learning rates,
-# commas: 1e-3), MQAR_STEPS (6000), CHECK_S (the devicecheck's budget, 120;
+# commas: 1e-3), MQAR_STEPS (6000), EXTRA (more --config flags for the
+# mixers' runs, with TAG naming their folder runs/gpu/mqar_long_TAG, e.g.
+# TAG=lti EXTRA=--config.model.attention.selective=false), ZOO=0 / PF=0
+# (leave out the Zoology-block Mamba run / the S5 Pathfinder run), CHECK_S (the devicecheck's budget, 120;
 # 1 skips it), TAIL_S (seconds kept after the deadline, 45). Run again on a
 # warm machine, it resumes every run from its checkpoint.
 # Writes OUT_DIR/runs.tgz (every run's metrics, results and sweep.json, no
@@ -35,9 +38,12 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 python3 -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" || exit 3
 # Pathfinder-32 images for the S5 recipe, generated beside the checks.
-timeout $((TOTAL - 120)) python3 -m lra.data.prepare pathfinder --option workers=6 \
-  > runs/gpu/log_pf_prepare.txt 2>&1 &
-PREP=$!
+PREP=
+if [ "${PF:-1}" = 1 ]; then
+  timeout $((TOTAL - 120)) python3 -m lra.data.prepare pathfinder --option workers=6 \
+    > runs/gpu/log_pf_prepare.txt 2>&1 &
+  PREP=$!
+fi
 # Smoke: one tiny MQAR training on the device; stop here if it fails.
 timeout 120 python3 train.py --config configs/mqar.py:mamba,smoke \
   --workdir runs/gpu/smoke > "$OUT/smoke.txt" 2>&1 || { tail -30 "$OUT/smoke.txt"; exit 4; }
@@ -55,25 +61,27 @@ STEPS=${MQAR_STEPS:-6000}
 pids=()
 for M in ${MIXERS:-mamba s4d s5 retnet mamba2 h3 hyena gla deltanet}; do
   timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
-    --preset small --out "runs/gpu/mqar_long${WIDTH:+_w$WIDTH}/$M" --models "$M" \
+    --preset small --out "runs/gpu/mqar_long${WIDTH:+_w$WIDTH}${TAG:+_$TAG}/$M" --models "$M" \
     --grid learning_rate="${LRS:-1e-3}" --config.model.emb_dim="${WIDTH:-128}" \
     --config.num_train_steps="$STEPS" --config.eval_every_steps=500 \
     --config.checkpoint_every_steps=500 --config.data.test_splits=64:4,64:16 \
-    > "runs/gpu/log_$M.txt" 2>&1 &
+    ${EXTRA:-} > "runs/gpu/log_$M${TAG:+_$TAG}.txt" 2>&1 &
   pids+=($!)
 done
-timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
-  --preset small --out runs/gpu/mqar_long/mamba_zoo8 --models mamba \
-  --grid learning_rate=1e-3 --config.model.emb_dim=128 \
-  --config.model.block=ssm --config.model.short_conv=0 \
-  --config.weight_decay=0.1 --config.warmup_steps=0 \
-  --config.num_train_steps=20000 --config.eval_every_steps=500 \
-  --config.checkpoint_every_steps=500 --config.data.test_splits=64:4,64:16 \
-  > runs/gpu/log_mamba_zoo8.txt 2>&1 &
-pids+=($!)
-wait "$PREP"; echo "pathfinder data: exit $?, $(left) s left"
+if [ "${ZOO:-1}" = 1 ]; then
+  timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
+    --preset small --out runs/gpu/mqar_long/mamba_zoo8 --models mamba \
+    --grid learning_rate=1e-3 --config.model.emb_dim=128 \
+    --config.model.block=ssm --config.model.short_conv=0 \
+    --config.weight_decay=0.1 --config.warmup_steps=0 \
+    --config.num_train_steps=20000 --config.eval_every_steps=500 \
+    --config.checkpoint_every_steps=500 --config.data.test_splits=64:4,64:16 \
+    > runs/gpu/log_mamba_zoo8.txt 2>&1 &
+  pids+=($!)
+fi
+if [ -n "$PREP" ]; then wait "$PREP"; echo "pathfinder data: exit $?, $(left) s left"; fi
 PF_S=$(( DEADLINE - ($(date +%s) - T1) ))
-if [ "$PF_S" -gt 60 ]; then
+if [ "${PF:-1}" = 1 ] && [ "$PF_S" -gt 60 ]; then
   timeout -s INT -k 20 "$PF_S" python3 train.py \
     --config configs/pathfinder.py:s5 --workdir runs/gpu/pf_s5_ref \
     --config.eval_every_steps=500 --config.checkpoint_every_steps=500 \

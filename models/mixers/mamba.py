@@ -117,7 +117,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from models.attention.base import int_option
+from models.attention.base import bool_option, int_option
 from models.attention.registry import register
 from models.mixers.base import (
   SequenceMixer,
@@ -355,26 +355,36 @@ class MambaDirection(nnx.Module):
   # mamba_ssm/modules/mamba_simple.py): A_log and D.
   ssm_params = ('a_log_IxN', 'd_I')
 
-  def __init__(self, inner, state, rank, width, dt_min, dt_max, dtype, rngs):
+  def __init__(
+    self, inner, state, rank, width, dt_min, dt_max, dtype, rngs,
+    selective=True,
+  ):  # fmt: skip
     bound = width**-0.5
     self.conv_KxI = nnx.Param(symmetric(bound)(rngs.params(), (width, inner)))
     self.conv_bias_I = nnx.Param(symmetric(bound)(rngs.params(), (inner,)))
-    self.x_proj = nnx.Linear(
-      inner,
-      rank + 2 * state,
-      use_bias=False,
-      kernel_init=TORCH_LINEAR,
-      dtype=dtype,
-      rngs=rngs,
-    )
-    self.dt_proj = nnx.Linear(
-      rank,
-      inner,
-      use_bias=False,
-      kernel_init=symmetric(rank**-0.5),
-      dtype=dtype,
-      rngs=rngs,
-    )
+    self.selective = selective
+    if selective:
+      self.x_proj = nnx.Linear(
+        inner,
+        rank + 2 * state,
+        use_bias=False,
+        kernel_init=TORCH_LINEAR,
+        dtype=dtype,
+        rngs=rngs,
+      )
+      self.dt_proj = nnx.Linear(
+        rank,
+        inner,
+        use_bias=False,
+        kernel_init=symmetric(rank**-0.5),
+        dtype=dtype,
+        rngs=rngs,
+      )
+    else:
+      # The ablation: B and C learned constants shared by the channels
+      # (S4D-Real's B = 1, C standard normal), dt = softplus(dt_bias).
+      self.b_N = nnx.Param(jnp.ones((state,), jnp.float32))
+      self.c_N = nnx.Param(jax.random.normal(rngs.params(), (state,)))
     log_dt_I = jax.random.uniform(
       rngs.params(),
       (inner,),
@@ -397,12 +407,20 @@ class MambaDirection(nnx.Module):
     (u [R, I], dt [R, I], A [I, N], B [R, N], C [R, N])."""
     u_RxI = jax.nn.silu(causal_conv(x_LxBxI, self.conv_KxI, self.conv_bias_I))
     u_RxI = jnp.where(keep_Rx1, u_RxI, 0.0)
-    dbl_RxF = self.x_proj(u_RxI.astype(self.dtype)).astype(jnp.float32)
-    r, n = self.rank, self.state
-    dt_RxR = dbl_RxF[:, :r]
-    b_RxN, c_RxN = dbl_RxF[:, r : r + n], dbl_RxF[:, r + n :]
-    dt_RxI = self.dt_proj(dt_RxR.astype(self.dtype)).astype(jnp.float32)
-    dt_RxI = jax.nn.softplus(dt_RxI + self.dt_bias_I[...])
+    rows, n = u_RxI.shape[0], self.state
+    if self.selective:
+      dbl_RxF = self.x_proj(u_RxI.astype(self.dtype)).astype(jnp.float32)
+      r = self.rank
+      dt_RxR = dbl_RxF[:, :r]
+      b_RxN, c_RxN = dbl_RxF[:, r : r + n], dbl_RxF[:, r + n :]
+      dt_RxI = self.dt_proj(dt_RxR.astype(self.dtype)).astype(jnp.float32)
+      dt_RxI = jax.nn.softplus(dt_RxI + self.dt_bias_I[...])
+    else:
+      b_RxN = jnp.broadcast_to(self.b_N[...], (rows, n))
+      c_RxN = jnp.broadcast_to(self.c_N[...], (rows, n))
+      dt_RxI = jnp.broadcast_to(
+        jax.nn.softplus(self.dt_bias_I[...]), u_RxI.shape
+      )
     # A padded step is the identity: exp(0 A) = 1, 0 B x = 0.
     dt_RxI = jnp.where(keep_Rx1, dt_RxI, 0.0)
     a_IxN = -jnp.exp(self.a_log_IxN[...])
@@ -430,6 +448,7 @@ class Mamba(SequenceMixer):
     dt_min=0.001,
     dt_max=0.1,
     chunk_size=16,
+    selective=True,
   ):
     """Args (own options):
     expand: inner channels I = expand * emb_dim.
@@ -439,6 +458,11 @@ class Mamba(SequenceMixer):
     dt_min, dt_max: range of the initial dt (log-uniform).
     chunk_size: C, positions per scan chunk: the backward keeps one state
       per chunk (>= L: one chunk; past 16, cut into blocks of <= 16).
+    selective: dt, B and C functions of the input (Mamba's S6); false is
+      the Mamba paper's ablation of selection (its Table 7: none of the
+      three selective): dt per channel and B, C learned constants, a
+      time-invariant diagonal SSM in the same block (an MQAR experiment:
+      does recall need the input-dependent state update?).
     """
     del num_heads, max_length, dropout_rate, layer_index
     expand = int_option('mamba', 'expand', expand, 1, 2)
@@ -456,8 +480,9 @@ class Mamba(SequenceMixer):
       i, o, use_bias=False, kernel_init=TORCH_LINEAR, dtype=dtype, rngs=rngs
     )
     self.in_proj = linear(emb_dim, 2 * inner)
+    selective = bool_option('mamba', 'selective', selective)
     direction = lambda: MambaDirection(  # noqa: E731
-      inner, state, rank, width, dt_min, dt_max, dtype, rngs
+      inner, state, rank, width, dt_min, dt_max, dtype, rngs, selective
     )
     self.fwd = direction()
     self.bwd = direction()
