@@ -381,3 +381,33 @@ def test_smoke_spt_sweep_pretrains_then_fine_tunes(tmp_path, smoke_data_dir):
     ln.startswith('| listops | transformer [smoke, spt] | masked_lm |')
     for ln in table
   )
+
+
+def test_jobs_run_side_by_side_and_prepare_the_data_once(tmp_path):
+  """--jobs 2: both runs start before either ends, each writes its output
+  to <workdir>/train.log, and the two trainings that find the data missing
+  prepare it once (the other waits on the cache's lock)."""
+  out, data = str(tmp_path / 'sweep'), str(tmp_path / 'data')
+  proc = run_sweep(
+    '--tasks=listops',
+    '--preset=smoke',
+    '--models=transformer,local',
+    f'--out={out}',
+    f'--config.data_dir={data}',
+    '--jobs=2',
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.splitlines()
+  started = [i for i, ln in enumerate(lines) if ': started (output: ' in ln]
+  done = [i for i, ln in enumerate(lines) if ': done in ' in ln]
+  assert len(started) == 2 and len(done) == 2, proc.stdout
+  assert max(started) < min(done), proc.stdout
+  runs = entries(out)
+  for model in ('transformer', 'local'):
+    assert runs[model]['status'] == 'done'
+    log = read(os.path.join(runs[model]['workdir'], 'train.log'))
+    assert 'Results:' in log or 'test' in log
+  logs = [read(os.path.join(runs[m]['workdir'], 'train.log')) for m in runs]
+  assert sum('Waiting for another process preparing' in g for g in logs) <= 1
+  assert os.path.exists(os.path.join(data, 'listops'))
+  assert any(n.endswith('.lock') for n in os.listdir(os.path.join(data, 'listops')))

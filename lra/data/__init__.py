@@ -125,15 +125,25 @@ class Task:
     return os.path.join(data_dir, self.name, self._module().cache_name(options))
 
   def ensure_prepared(self, data_dir, options, progress=True):
-    """Returns the cache dir, preparing it first if it is incomplete."""
+    """Returns the cache dir, preparing it first if it is incomplete. One
+    process prepares a cache at a time (an advisory lock beside it, as
+    sweeps with --jobs start several trainings of one task at once); the
+    others wait, then find it complete."""
     options = self.resolved(data_dir, options)
     path = self.cache_dir(data_dir, options)
     extra = self.extra_test_splits(options).values()
-    if not cache.is_complete(path) or not all(
-      cache.has_split(path, s)
-      for s in extra  # (mqar's extra test splits)
-    ):
-      self._module().prepare(path, data_dir, options, progress)
+
+    def ready():
+      return cache.is_complete(path) and all(
+        cache.has_split(path, s)
+        for s in extra  # (mqar's extra test splits)
+      )
+
+    if ready():
+      return path
+    with cache.preparing(path, progress):
+      if not ready():
+        self._module().prepare(path, data_dir, options, progress)
     return path
 
 

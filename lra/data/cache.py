@@ -11,8 +11,10 @@ its .npy header says) and raises CacheError naming the damaged file; the
 caller rebuilds the cache (generated tasks) or names the command that does.
 """
 
+import contextlib
 import json
 import os
+import sys
 import zlib
 
 import numpy as np
@@ -42,6 +44,35 @@ def _checksum(path):
   return crc
 
 
+@contextlib.contextmanager
+def preparing(cache_dir, say=True):
+  """Holds an exclusive advisory lock on <cache_dir>.lock for the block (one
+  process writes a cache at a time; the lock goes with its process, so a
+  killed one leaves none held). Says once when it waits for another."""
+  try:
+    import fcntl  # pylint: disable=g-import-not-at-top
+  except ImportError:  # not POSIX: no lock
+    yield
+    return
+  parent = os.path.dirname(os.path.abspath(cache_dir))
+  os.makedirs(parent, exist_ok=True)
+  with open(os.path.abspath(cache_dir) + '.lock', 'a') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if say:
+        print(
+          f'Waiting for another process preparing {cache_dir} ...',
+          file=sys.stderr,
+          flush=True,
+        )
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def save_split(cache_dir, split, inputs, labels):
   """Writes one split atomically (tmp file + rename), so a crash never leaves
   a truncated cache that looks complete; then its record."""
@@ -56,9 +87,10 @@ def save_split(cache_dir, split, inputs, labels):
   os.makedirs(cache_dir, exist_ok=True)
   for name, arr in (('inputs', inputs), ('labels', labels)):
     path = os.path.join(cache_dir, f'{split}_{name}.npy')
-    with open(path + '.tmp', 'wb') as f:
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'wb') as f:
       np.save(f, arr)
-    os.replace(path + '.tmp', path)
+    os.replace(tmp, path)
   write_record(cache_dir, split)
 
 

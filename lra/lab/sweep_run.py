@@ -1,7 +1,15 @@
-"""Running a sweep's plan (lra/lab/sweep.py): one train.py subprocess at a time,
-Ctrl-C / SIGTERM passed on to it once, each run's result read back from its
-workdir (lra/train/rundir.py), and OUT/sweep.json, OUT/table.md and OUT/runs.md
-written after every run."""
+"""Running a sweep's plan (lra/lab/sweep.py): one train.py subprocess at a time
+(or up to --jobs at once), Ctrl-C / SIGTERM passed on to each running one
+once, each run's result read back from its workdir (lra/train/rundir.py), and
+OUT/sweep.json, OUT/table.md and OUT/runs.md written after every run.
+
+With jobs > 1 the runs start in plan order as slots free up (a fine-tune
+waits for its pretraining run); each run's output goes to
+<workdir>/train.log instead of the terminal (K progress bars would
+interleave), and the sweep prints one line as each starts and ends. On a
+GPU the runs share it: XLA's preallocation of 75% of its memory per
+process is turned off for them (XLA_PYTHON_CLIENT_PREALLOCATE=false,
+unless set), so K processes fit."""
 
 from __future__ import annotations
 
@@ -175,13 +183,19 @@ def error_line(stderr_tail: str, returncode: int) -> str:
   return lines[-1] if lines else f'exit status {returncode}'
 
 
-class Sweep:
-  """Runs the planned runs one at a time; forwards Ctrl-C to the running one."""
+LOG = 'train.log'
 
-  def __init__(self, runs, out, command=''):
+
+class Sweep:
+  """Runs the planned runs, `jobs` at a time (default one); forwards Ctrl-C
+  to the running ones."""
+
+  def __init__(self, runs, out, command='', jobs=1):
     self.runs, self.out, self.command = runs, out, command
+    self.jobs = max(1, int(jobs))
     self.stops = 0
-    self.child = None
+    self.children = set()
+    self.lock = threading.RLock()  # entries, children, sweep.json
     self.entries = {}
     self.handled = set()  # runs this invocation reached
     previous = rundir.read_json(os.path.join(out, 'sweep.json'))
@@ -193,16 +207,18 @@ class Sweep:
   def _on_signal(self, signum, frame):
     del signum, frame
     self.stops += 1
-    child = self.child
-    if child is None:
+    children = list(self.children)
+    if not children:
       _say('\nStopping before the next run.\n')
       return
     if self.stops == 1:
+      which = 'current run saves' if len(children) == 1 else 'running runs save'
       _say(
-        '\nStopping: the current run saves a checkpoint and stops (Ctrl-C '
-        'again stops it at once); the same command resumes the sweep.\n'
+        f'\nStopping: the {which} a checkpoint and stop (Ctrl-C '
+        'again stops them at once); the same command resumes the sweep.\n'
       )
-    self._forward(child)
+    for child in children:
+      self._forward(child)
 
   @staticmethod
   def _forward(child):
@@ -215,6 +231,8 @@ class Sweep:
   # ---- one run
   def _train(self, run):
     """Runs train.py; returns (exit status, wall seconds, stderr tail)."""
+    if self.jobs > 1:
+      return self._train_logged(run)
     tail = bytearray()
 
     def tee(stream):
@@ -226,23 +244,52 @@ class Sweep:
     start = time.monotonic()
     # Its own process group: a terminal's Ctrl-C reaches the sweep alone,
     # which passes it on once (two would stop train.py without saving).
-    child = subprocess.Popen(
-      [sys.executable, *run.argv()],
-      stderr=subprocess.PIPE,
-      process_group=0,
-    )
-    self.child = child
-    if self.stops:
-      self._forward(child)
+    child = self._start(run, stderr=subprocess.PIPE)
     reader = threading.Thread(target=tee, args=(child.stderr,), daemon=True)
     reader.start()
     returncode = child.wait()
     reader.join()
     child.stderr.close()
-    self.child = None
+    self._finish(child)
     return returncode, time.monotonic() - start, tail.decode(errors='replace')
 
+  def _train_logged(self, run):
+    """_train for jobs > 1: stdout and stderr into <workdir>/train.log
+    (appended: a resumed run keeps its earlier output)."""
+    os.makedirs(run.workdir, exist_ok=True)
+    path = os.path.join(run.workdir, LOG)
+    start = time.monotonic()
+    with open(path, 'ab') as log:
+      child = self._start(run, stdout=log, stderr=log)
+      returncode = child.wait()
+    self._finish(child)
+    with open(path, 'rb') as log:
+      log.seek(max(0, os.path.getsize(path) - 16384))
+      tail = log.read().decode(errors='replace')
+    return returncode, time.monotonic() - start, tail
+
+  def _start(self, run, **streams):
+    env = None
+    if self.jobs > 1 and 'XLA_PYTHON_CLIENT_PREALLOCATE' not in os.environ:
+      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE='false')
+    with self.lock:
+      child = subprocess.Popen(
+        [sys.executable, *run.argv()], process_group=0, env=env, **streams
+      )
+      self.children.add(child)
+      if self.stops:
+        self._forward(child)
+    return child
+
+  def _finish(self, child):
+    with self.lock:
+      self.children.discard(child)
+
   def _entry(self, run, status, **fields):
+    with self.lock:
+      return self._entry_locked(run, status, **fields)
+
+  def _entry_locked(self, run, status, **fields):
     entry = {
       'name': run.name,
       'task': run.task,
@@ -281,7 +328,10 @@ class Sweep:
       entry = self._entry(run, 'failed', message=message, num_train_steps=steps)
       _print(f'{head} {message}')
       return entry
-    _print(f'{head} running {run.command()}')
+    if self.jobs > 1:
+      _print(f'{head} started (output: {os.path.join(run.workdir, LOG)})')
+    else:
+      _print(f'{head} running {run.command()}')
     fresh = rundir.latest_step(run.workdir) == 0
     returncode, wall, stderr = self._train(run)
     earlier = None if fresh else self._earlier_wall(run)
@@ -316,17 +366,44 @@ class Sweep:
     return (self.entries.get(run.name) or {}).get('wall_seconds')
 
   # ---- the sweep
-  def run(self):
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, self._on_signal) for s in signals}
-    try:
-      n = len(self.runs)
+  def _run_all(self):
+    """The runs in plan order, up to self.jobs at once."""
+    n = len(self.runs)
+    if self.jobs == 1:
       for i, run in enumerate(self.runs, 1):
         if self.stops:
           break
         if self._one(run, i, n):
           self.handled.add(run.name)
         self.write(final=False)
+      return
+    import concurrent.futures  # pylint: disable=g-import-not-at-top
+
+    futures = {}
+
+    def one(run, i):
+      source = run.pretraining
+      if source is not None and source.name in futures:
+        futures[source.name].result()  # started earlier: FIFO, no deadlock
+      if self.stops:
+        return
+      if self._one(run, i, n):
+        with self.lock:
+          self.handled.add(run.name)
+      with self.lock:
+        self.write(final=False)
+
+    with concurrent.futures.ThreadPoolExecutor(self.jobs) as pool:
+      for i, run in enumerate(self.runs, 1):
+        futures[run.name] = pool.submit(one, run, i)
+      for future in futures.values():
+        future.result()
+
+  def run(self):
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, self._on_signal) for s in signals}
+    try:
+      self._run_all()
       for run in self.runs:  # not reached after an interrupt
         if run.name not in self.handled:
           config, _ = run_config(run)
@@ -377,8 +454,14 @@ class Sweep:
     return os.path.join(self.out, 'table.md')
 
 
+_PRINT = threading.Lock()
+
+
 def _print(text):
-  print(text, flush=True)
+  """One whole line (runs of --jobs finish on several threads)."""
+  with _PRINT:
+    sys.stdout.write(text + '\n')
+    sys.stdout.flush()
 
 
 def _say(text):
