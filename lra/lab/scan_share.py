@@ -1,0 +1,90 @@
+"""How much of Mamba's mixer time is its scan: fwd+bwd with the scan, and
+with the scan replaced by a stand-in that touches the same inputs once.
+
+  python -m lra.lab.scan_share [--rounds 7]
+
+Per shape (MQAR small; 1K, 2K, 4K as in docs/benchmark.md), both programs
+are compiled, then timed in alternating rounds (jit(grad) of the output's
+sum with respect to the parameters and the input, float32); prints the
+medians and the scan's share, 1 - without / with. The stand-in,
+u dt sum(B C) + sum(A), keeps every input in the gradient so that nothing
+upstream of the scan is pruned. A share s bounds what a faster scan can
+give the mixer: 1 / (1 - s) at most.
+"""
+
+import argparse
+import time
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.attention import Mask
+import models.mixers.mamba as mamba_module
+
+# (batch, length, width, causal)
+SHAPES = (
+  (64, 64, 64, True),
+  (2, 1024, 128, False),
+  (2, 2048, 64, False),
+  (1, 4096, 128, False),
+  (1, 4096, 64, True),
+)
+
+
+def stand_in(u, dt, a, b, c, chunk):
+  del chunk
+  return u * dt * jnp.sum(b * c, -1, keepdims=True) + jnp.sum(a)
+
+
+def programs(batch, length, width, causal):
+  """{'with scan': f, 'without': f} and their arguments."""
+  mixer = mamba_module.Mamba(
+    emb_dim=width, num_heads=2, max_length=length, dropout_rate=0.0,
+    dtype=jnp.float32, rngs=nnx.Rngs(0),
+  )  # fmt: skip
+  graph, state = nnx.split(mixer)
+  x = np.random.default_rng(0).standard_normal((batch, length, width))
+  x = jnp.asarray(x, jnp.float32)
+  mask = Mask(jnp.ones((batch, length), bool), causal)
+
+  def loss(state, x):
+    return jnp.sum(nnx.merge(graph, state)(x, mask)[0])
+
+  real, out = mamba_module.scan_time_major, {}
+  try:
+    for name, scan in (('with scan', real), ('without', stand_in)):
+      mamba_module.scan_time_major = scan  # read when traced
+      f = jax.jit(jax.grad(loss, argnums=(0, 1)))
+      jax.block_until_ready(f(state, x))
+      out[name] = f
+  finally:
+    mamba_module.scan_time_major = real
+  return out, (state, x)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=7)
+  args = parser.parse_args(argv)
+  for batch, length, width, causal in SHAPES:
+    fs, inputs = programs(batch, length, width, causal)
+    times = {k: [] for k in fs}
+    for _ in range(max(1, args.rounds)):
+      for name, f in fs.items():
+        start = time.perf_counter()
+        jax.block_until_ready(f(*inputs))
+        times[name].append(time.perf_counter() - start)
+    ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
+    share = 1 - ms['without'] / ms['with scan']
+    form = 'causal' if causal else 'bidirectional'
+    print(
+      f'B {batch}, L {length}, E {width}, {form}: {ms["with scan"]:.0f} ms, '
+      f'without the scan {ms["without"]:.0f} ms, scan share {share:.2f}',
+      flush=True,
+    )
+
+
+if __name__ == '__main__':
+  main()
