@@ -18,7 +18,12 @@
 # commas: 1e-3), MQAR_STEPS (6000), EXTRA (more --config flags for the
 # mixers' runs, with TAG naming their folder runs/gpu/mqar_long_TAG, e.g.
 # TAG=lti EXTRA=--config.model.attention.selective=false), ZOO=0 / PF=0
-# (leave out the Zoology-block Mamba run / the S5 Pathfinder run), CHECK_S (the devicecheck's budget, 120;
+# (leave out the Zoology-block Mamba run / the S5 Pathfinder run), GRID
+# (e.g. 64:8: docs/mqar/README.md's width x learning-rate grid at that
+# length:pairs with --jobs JOBS (12), GRID_STEPS (500), GRID_MODELS,
+# GRID_SPLITS; with MIXERS= ZOO=0 PF=0 it has the GPU to itself; carry
+# runs/gpu back in the next lease to resume it: finished runs are
+# skipped), CHECK_S (the devicecheck's budget, 120;
 # 1 skips it), TAIL_S (seconds kept after the deadline, 45). Run again on a
 # warm machine, it resumes every run from its checkpoint.
 # Writes OUT_DIR/runs.tgz (every run's metrics, results and sweep.json, no
@@ -59,7 +64,7 @@ DEADLINE=$(( $(left) - ${TAIL_S:-45} )); T1=$(date +%s)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
 STEPS=${MQAR_STEPS:-6000}
 pids=()
-for M in ${MIXERS:-mamba s4d s5 retnet mamba2 h3 hyena gla deltanet}; do
+for M in ${MIXERS-mamba s4d s5 retnet mamba2 h3 hyena gla deltanet}; do
   timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
     --preset small --out "runs/gpu/mqar_long${WIDTH:+_w$WIDTH}${TAG:+_$TAG}/$M" --models "$M" \
     --grid learning_rate="${LRS:-1e-3}" --config.model.emb_dim="${WIDTH:-128}" \
@@ -68,6 +73,19 @@ for M in ${MIXERS:-mamba s4d s5 retnet mamba2 h3 hyena gla deltanet}; do
     ${EXTRA:-} > "runs/gpu/log_$M${TAG:+_$TAG}.txt" 2>&1 &
   pids+=($!)
 done
+if [ -n "${GRID:-}" ]; then
+  GL=${GRID%:*}; GP=${GRID#*:}
+  timeout -s INT -k 30 "$DEADLINE" python3 -m lra.sweep --tasks mqar \
+    --preset small --out "runs/gpu/grid_${GL}x${GP}" --jobs "${JOBS:-12}" \
+    --models "${GRID_MODELS:-transformer,based,gla,deltanet,linear_transformer,local,performer,reformer,bigbird,s4d,retnet,s5,h3,hyena,mamba2,mamba}" \
+    --grid model.emb_dim=128,64,32 \
+    --grid learning_rate=1e-4,3.2e-4,1e-3,3.2e-3,1e-2 \
+    --config.data.seq_len="$GL" --config.data.num_kv_pairs="$GP" \
+    --config.num_train_steps="${GRID_STEPS:-500}" \
+    ${GRID_SPLITS:+--config.data.test_splits=$GRID_SPLITS} \
+    > "runs/gpu/log_grid_${GL}x${GP}.txt" 2>&1 &
+  pids+=($!)
+fi
 if [ "${ZOO:-1}" = 1 ]; then
   timeout -s INT -k 20 "$DEADLINE" python3 -m lra.lab.sweep --tasks mqar \
     --preset small --out runs/gpu/mqar_long/mamba_zoo8 --models mamba \
