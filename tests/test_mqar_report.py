@@ -198,3 +198,36 @@ def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
   text = open(paths[0]).read()
   assert '| `zoo` | 64 | 128:8 | learning_rate=1e-3 | 1,600 of 4,000 | 97.0 (step 1,000) |' in text
   assert os.path.getsize(paths[3]) > 0
+
+
+def test_seeds_in_the_width_table(tmp_path):
+  """--grid seed=0,1 beside the learning rate: the cell is the mean test
+  accuracy of the chosen rate's seeds, their range in brackets."""
+  folder = str(tmp_path / 'sw')
+  entries = []
+  for lr, seed, val, test in [
+    ('1e-3', '0', 0.9, 0.9), ('1e-3', '1', 0.9, 0.8),
+    ('1e-2', '0', 0.2, 0.2), ('1e-2', '1', 0.2, 0.2),
+  ]:  # fmt: skip
+    workdir = os.path.join(folder, f'{lr}-{seed}')
+    os.makedirs(workdir)
+    config = {
+      'learning_rate': float(lr),
+      'data': {'form': 'causal', 'seq_len': 64, 'num_kv_pairs': 8},
+      'model': {'emb_dim': 64},
+    }
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      json.dump(config, f)
+    entries.append(
+      dict(
+        task='mqar', model='gla', preset='small', workdir=workdir,
+        grid={'learning_rate': lr, 'seed': seed}, status='done',
+        val_accuracy=val, val_loss=1 - val, test_accuracy=test,
+        test_splits={},
+      )
+    )  # fmt: skip
+  with open(os.path.join(folder, 'sweep.json'), 'w') as f:
+    json.dump({'command': 'x', 'runs': entries}, f)
+  rows = mqar_report.rows_of([folder])
+  assert [(r['choice'], r['seeds']) for r in rows] == [('learning_rate=1e-3', 2)]
+  assert '| `gla` | 85.0 (0.001) [80.0-90.0, 2 seeds] |' in mqar_report.width_markdown(rows)

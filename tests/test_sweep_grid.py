@@ -156,3 +156,38 @@ def test_two_by_two_grid_runs_picks_and_skips(tmp_path, smoke_data_dir):
   assert again.returncode == 0, again.stderr[-2000:]
   assert again.stdout.count('skipped, already finished') == 4
   assert 'running' not in again.stdout
+
+
+def test_seeds_choose_by_the_mean_and_report_their_range():
+  """--grid seed=0,1: lr 1e-3 has the single best seed (0.9) but the lower
+  mean (0.7); lr 3e-3 (0.8, 0.8) is chosen, its accuracies the means, the
+  seeds' range beside them; an unfinished seed is left out of the mean."""
+
+  def entry(lr, seed, val, test, status='done'):
+    return dict(
+      task='mqar', model='m', preset='small', status=status,
+      grid={'learning_rate': lr, 'seed': seed}, val_accuracy=val,
+      val_loss=1 - val, test_accuracy=test, test_splits={'64:4': test},
+      workdir=f'w/{lr}/{seed}',
+    )  # fmt: skip
+
+  runs = [
+    entry('1e-3', '0', 0.9, 0.88),
+    entry('1e-3', '1', 0.5, 0.52),
+    entry('3e-3', '0', 0.8, 0.79),
+    entry('3e-3', '1', 0.8, 0.81),
+    entry('3e-3', '2', 0.1, 0.1, status='interrupted'),
+  ]
+  best = sweep_grid.best_of(runs)
+  assert best['grid'] == {'learning_rate': '3e-3'}
+  assert best['seed_count'] == 2
+  assert best['val_accuracy'] == pytest.approx(0.8)
+  assert best['test_accuracy'] == pytest.approx(0.80)
+  assert best['test_range'] == (0.79, 0.81)
+  assert best['test_splits'] == {'64:4': pytest.approx(0.80)}
+  assert [r['workdir'] for r in best['seed_runs']] == ['w/3e-3/0', 'w/3e-3/1']
+  table = sweep_grid.tuned_markdown(runs)
+  assert '80.00% (79.00-81.00%, 2 seeds)' in table
+  # Without a seed key the single best run is chosen, as before.
+  plain = [dict(r, grid={'learning_rate': r['grid']['learning_rate'] + r['grid']['seed']}) for r in runs[:4]]
+  assert sweep_grid.best_of(plain)['val_accuracy'] == 0.9

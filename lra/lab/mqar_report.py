@@ -214,6 +214,8 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
             e.get('status') in ('done', 'skipped') for e in tuned['runs']
           ),
           seq_len=length,
+          seeds=best.get('seed_count', 1),
+          test_range=best.get('test_range'),
           curve=dict(sorted(curve.items())),
           splits=splits,
         )
@@ -316,7 +318,9 @@ def settings_of(rows):
 def width_markdown(rows: list[dict]) -> str:
   """Per training setting, one row per model: the test accuracy at the
   training shape at each width, with the learning rate chosen there on
-  validation; `*` marks a point whose grid has not all finished."""
+  validation; `*` marks a point whose grid has not all finished; with a
+  seed grid (--grid seed=0,1) the mean over seeds, their range in
+  brackets."""
   out = []
   for length, pairs in settings_of(rows):
     at = [r for r in rows if (r['seq_len'], r['pairs']) == (length, pairs)]
@@ -340,6 +344,9 @@ def width_markdown(rows: list[dict]) -> str:
           if lr
           else _percent(r['curve'].get(pairs))
         )
+        if r.get('seeds', 1) > 1 and r.get('test_range'):
+          low, high = r['test_range']
+          cell += f' [{100 * low:.1f}-{100 * high:.1f}, {r["seeds"]} seeds]'
         cells.append(cell + ('' if r['complete'] else '*'))
       out.append('| ' + ' | '.join(cells) + ' |')
     out.append('')

@@ -18,6 +18,13 @@ lra/train/rundir.py) and its extra test splits, and every combination's
 validation accuracy beside it, so the grid it was picked from is on the
 row. A (task, model) whose runs have not all finished is marked
 `partial`: its best so far, of the finished ones.
+
+Seeds: `--grid seed=0,1` trains every combination with each seed; the
+choice is then the combination of best *mean* validation accuracy over its
+finished seeds (not the luckiest seed), and its reported accuracies are
+the means, with the seeds' range beside them (`seed_count`,
+`val_range`, `test_range` in the chosen entry; each seed's own entry in
+`seed_runs`).
 """
 
 from __future__ import annotations
@@ -91,9 +98,49 @@ def _rank(entry):
   )
 
 
+SEED = 'seed'
+
+
+def _mean(values):
+  values = [v for v in values if v is not None]
+  return sum(values) / len(values) if values else None
+
+
+def _range(values):
+  values = [v for v in values if v is not None]
+  return (min(values), max(values)) if values else None
+
+
+def over_seeds(runs: list[dict]) -> dict:
+  """One entry for the finished runs of one combination that differ only
+  in their seed: the first run's fields, its accuracies and losses the
+  seeds' means, with seed_count, val_range, test_range, seed_runs."""
+  first = runs[0]
+  merged = dict(first)
+  for key in ('val_accuracy', 'val_loss', 'test_accuracy', 'test_loss'):
+    merged[key] = _mean([r.get(key) for r in runs])
+  names = dict.fromkeys(n for r in runs for n in (r.get('test_splits') or {}))
+  merged['test_splits'] = {
+    n: _mean([(r.get('test_splits') or {}).get(n) for r in runs])
+    for n in names
+  } or first.get('test_splits')
+  merged['grid'] = {
+    k: v for k, v in (first.get('grid') or {}).items() if k != SEED
+  }
+  merged.update(
+    seed_count=len(runs),
+    val_range=_range([r.get('val_accuracy') for r in runs]),
+    test_range=_range([r.get('test_accuracy') for r in runs]),
+    seed_runs=runs,
+  )
+  return merged
+
+
 def best_of(entries: list[dict]) -> dict | None:
   """The entry of best validation accuracy among finished ones (ties: the
-  lower validation loss, then the first); None when none has finished."""
+  lower validation loss, then the first); None when none has finished.
+  With a seed in the grid: the combination of best mean over its seeds
+  (over_seeds)."""
   done = [
     e
     for e in entries
@@ -102,6 +149,13 @@ def best_of(entries: list[dict]) -> dict | None:
   ]
   if not done:
     return None
+  if any(SEED in (e.get('grid') or {}) for e in done):
+    combos = {}
+    for e in done:
+      rest = tuple((k, v) for k, v in (e.get('grid') or {}).items() if k != SEED)
+      combos.setdefault(rest, []).append(e)
+    done = [over_seeds(runs) for runs in combos.values()]
+    return min(done, key=lambda e: (_rank(e), done.index(e)))
   return min(done, key=lambda e: (_rank(e), entries.index(e)))
 
 
@@ -132,6 +186,18 @@ def tuned_rows(entries: list[dict]) -> list[dict]:
       )
     )
   return rows
+
+
+def with_range(value, entry, key):
+  """'97.10%', or with seeds '97.10% (96.80-97.40%, 2 seeds)'."""
+  spread = entry.get(key)
+  if not spread or entry.get('seed_count', 1) < 2:
+    return _percent(value)
+  low, high = spread
+  return (
+    f'{_percent(value)} ({100 * low:.2f}-{100 * high:.2f}%, '
+    f'{entry["seed_count"]} seeds)'
+  )
 
 
 def _tried(entry):
@@ -169,8 +235,8 @@ def tuned_markdown(entries: list[dict]) -> str:
       f'`{r["model"]}`',
       r['preset'] or '-',
       choice,
-      _percent(best.get('val_accuracy')),
-      _percent(best.get('test_accuracy')),
+      with_range(best.get('val_accuracy'), best, 'val_range'),
+      with_range(best.get('test_accuracy'), best, 'test_range'),
       *(_percent(splits.get(n)) for n in split_names),
       tried,
     ]
