@@ -178,10 +178,14 @@ def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
   workdir = os.path.join(stopped, 'run')
   os.makedirs(workdir)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    json.dump({'data': {'seq_len': 128, 'num_kv_pairs': 8}, 'model': {'emb_dim': 64}}, f)
+    json.dump(
+      {'data': {'seq_len': 128, 'num_kv_pairs': 8}, 'model': {'emb_dim': 64}}, f
+    )
   with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
     for step, acc in ((500, 0.1), (1000, 0.97), (1500, 0.95)):
-      f.write(json.dumps({'step': step, 'split': 'val', 'accuracy': acc}) + '\n')
+      f.write(
+        json.dumps({'step': step, 'split': 'val', 'accuracy': acc}) + '\n'
+      )
   entry = dict(
     task='mqar', model='mamba', workdir=workdir, grid={'learning_rate': '1e-3'},
     status='interrupted', steps_done=1600, num_train_steps=4000,
@@ -196,7 +200,10 @@ def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
   ]
   paths = mqar_report.report([w64, 'zoo=' + stopped], str(tmp_path / 'o'))
   text = open(paths[0]).read()
-  assert '| `zoo` | 64 | 128:8 | learning_rate=1e-3 | 1,600 of 4,000 | 97.0 (step 1,000) |' in text
+  assert (
+    '| `zoo` | 64 | 128:8 | learning_rate=1e-3 | 1,600 of 4,000 | '
+    '97.0 (step 1,000) |' in text
+  )
   assert os.path.getsize(paths[3]) > 0
 
 
@@ -229,5 +236,10 @@ def test_seeds_in_the_width_table(tmp_path):
   with open(os.path.join(folder, 'sweep.json'), 'w') as f:
     json.dump({'command': 'x', 'runs': entries}, f)
   rows = mqar_report.rows_of([folder])
-  assert [(r['choice'], r['seeds']) for r in rows] == [('learning_rate=1e-3', 2)]
-  assert '| `gla` | 85.0 (0.001) [80.0-90.0, 2 seeds] |' in mqar_report.width_markdown(rows)
+  assert [(r['choice'], r['seeds']) for r in rows] == [
+    ('learning_rate=1e-3', 2)
+  ]
+  assert (
+    '| `gla` | 85.0 (0.001) [80.0-90.0, 2 seeds] |'
+    in mqar_report.width_markdown(rows)
+  )

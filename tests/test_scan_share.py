@@ -15,6 +15,4 @@ def test_with_and_without_the_scan_and_the_scan_restored():
   with_scan = jax.tree.leaves(fs['with scan'](*inputs))
   without = jax.tree.leaves(fs['without'](*inputs))
   assert len(with_scan) == len(without)
-  assert any(
-    not np.allclose(a, b) for a, b in zip(with_scan, without)
-  )
+  assert any(not np.allclose(a, b) for a, b in zip(with_scan, without))

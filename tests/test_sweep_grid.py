@@ -189,5 +189,10 @@ def test_seeds_choose_by_the_mean_and_report_their_range():
   table = sweep_grid.tuned_markdown(runs)
   assert '80.00% (79.00-81.00%, 2 seeds)' in table
   # Without a seed key the single best run is chosen, as before.
-  plain = [dict(r, grid={'learning_rate': r['grid']['learning_rate'] + r['grid']['seed']}) for r in runs[:4]]
+  plain = [
+    dict(
+      r, grid={'learning_rate': r['grid']['learning_rate'] + r['grid']['seed']}
+    )
+    for r in runs[:4]
+  ]
   assert sweep_grid.best_of(plain)['val_accuracy'] == 0.9

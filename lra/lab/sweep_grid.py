@@ -121,8 +121,7 @@ def over_seeds(runs: list[dict]) -> dict:
     merged[key] = _mean([r.get(key) for r in runs])
   names = dict.fromkeys(n for r in runs for n in (r.get('test_splits') or {}))
   merged['test_splits'] = {
-    n: _mean([(r.get('test_splits') or {}).get(n) for r in runs])
-    for n in names
+    n: _mean([(r.get('test_splits') or {}).get(n) for r in runs]) for n in names
   } or first.get('test_splits')
   merged['grid'] = {
     k: v for k, v in (first.get('grid') or {}).items() if k != SEED
@@ -152,7 +151,9 @@ def best_of(entries: list[dict]) -> dict | None:
   if any(SEED in (e.get('grid') or {}) for e in done):
     combos = {}
     for e in done:
-      rest = tuple((k, v) for k, v in (e.get('grid') or {}).items() if k != SEED)
+      rest = tuple(
+        (k, v) for k, v in (e.get('grid') or {}).items() if k != SEED
+      )
       combos.setdefault(rest, []).append(e)
     done = [over_seeds(runs) for runs in combos.values()]
     return min(done, key=lambda e: (_rank(e), done.index(e)))
