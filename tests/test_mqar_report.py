@@ -194,6 +194,9 @@ def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
     json.dump({'command': 'x', 'runs': [entry]}, f)
   with pytest.raises(UserError, match='no finished mqar run'):
     mqar_report.rows_of(['zoo=' + stopped])
+  alone = mqar_report.report(['zoo=' + stopped], str(tmp_path / 'alone'))
+  assert [os.path.basename(p) for p in alone] == ['mqar.md', 'mqar_curves.png']
+  assert 'Stopped before the end' in open(alone[0]).read()
   found = mqar_report.stopped_of(['zoo=' + stopped])
   assert [(r['name'], r['best_val'], r['best_step']) for r in found] == [
     ('zoo', 97.0, 1000)

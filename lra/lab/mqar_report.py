@@ -449,7 +449,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
 
   settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
-  extra = [f'{_label(r)} (stopped)' for r in stopped]
+  extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
   style = _styles(list(dict.fromkeys([*names, *extra])))
   fig, axes = plt.subplots(
     1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
@@ -496,7 +496,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
         color=colour,
         linestyle=line,
         markersize=4,
-        label=f'{_label(r)} (w{r["width"]}, stopped at '
+        label=f'{_stopped_label(r, stopped)} (w{r["width"]}, stopped at '
         f'{r["steps_done"]:,} of {r["num_train_steps"] or 0:,})',
       )
     ax.set_xlabel('training step')
@@ -513,25 +513,40 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   plt.close(fig)
 
 
+def _stopped_label(r, stopped):
+  """The run's name, with its grid combination when another stopped run
+  of the same name is drawn too."""
+  same = [o for o in stopped if _label(o) == _label(r)]
+  return f'{_label(r)}, {r["choice"]}' if len(same) > 1 else _label(r)
+
+
 def report(sweep_dirs: list[str], out: str) -> tuple[str, ...]:
   """Writes mqar.md (the width tables, then every row's curve over pairs),
   mqar.png (accuracy against pairs), mqar_width.png (accuracy against
   width, Zoology's Figure 2 form) and mqar_curves.png (validation
-  curves); returns their paths."""
-  rows = rows_of(sweep_dirs)
+  curves); returns their paths. Sweeps whose runs were all stopped
+  before their end give mqar.md's "Stopped" table and mqar_curves.png
+  alone."""
   stopped = stopped_of(sweep_dirs)
+  try:
+    rows = rows_of(sweep_dirs)
+  except UserError:
+    if not stopped:
+      raise
+    rows = []
   os.makedirs(out, exist_ok=True)
-  paths = [
-    os.path.join(out, n)
-    for n in ('mqar.md', 'mqar.png', 'mqar_width.png', 'mqar_curves.png')
-  ]
+  names = ('mqar.md', 'mqar.png', 'mqar_width.png', 'mqar_curves.png')
+  if not rows:
+    names = ('mqar.md', 'mqar_curves.png')
+  paths = [os.path.join(out, n) for n in names]
   with open(paths[0], 'w') as f:
-    f.write(width_markdown(rows) + '\n' + markdown(rows) + '\n')
-    if stopped:
-      f.write('\n' + stopped_markdown(stopped))
-  plot(rows, paths[1])
-  width_plot(rows, paths[2])
-  curves_plot(rows, paths[3], stopped)
+    if rows:
+      f.write(width_markdown(rows) + '\n' + markdown(rows) + '\n\n')
+    f.write(stopped_markdown(stopped))
+  if rows:
+    plot(rows, paths[1])
+    width_plot(rows, paths[2])
+  curves_plot(rows, paths[-1], stopped)
   return tuple(paths)
 
 
