@@ -48,7 +48,9 @@ def _checksum(path):
 def preparing(cache_dir, say=True):
   """Holds an exclusive advisory lock on <cache_dir>.lock for the block (one
   process writes a cache at a time; the lock goes with its process, so a
-  killed one leaves none held). Says once when it waits for another."""
+  killed one leaves none held; the file is removed when the block ends).
+  Says once when it waits for another. The caller re-checks the cache
+  inside the block."""
   try:
     import fcntl  # pylint: disable=g-import-not-at-top
   except ImportError:  # not POSIX: no lock
@@ -56,7 +58,8 @@ def preparing(cache_dir, say=True):
     return
   parent = os.path.dirname(os.path.abspath(cache_dir))
   os.makedirs(parent, exist_ok=True)
-  with open(os.path.abspath(cache_dir) + '.lock', 'a') as f:
+  path = os.path.abspath(cache_dir) + '.lock'
+  with open(path, 'a') as f:
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -70,6 +73,13 @@ def preparing(cache_dir, say=True):
     try:
       yield
     finally:
+      # Removed by its holder (the data folder keeps only data): a waiter
+      # still holds the old file and re-checks the cache under it; a
+      # newcomer finds the cache complete, or makes a new lock file.
+      try:
+        os.remove(path)
+      except OSError:
+        pass
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
