@@ -42,6 +42,7 @@ from absl import app, flags
 from lra.errors import UserError
 from lra.lab import sweep_grid
 from lra.train import cli, rundir
+from lra.train.metrics import read_rows
 
 FLAGS = flags.FLAGS
 
@@ -95,6 +96,31 @@ def _entries(item: str) -> tuple[str | None, str, list[dict]]:
   return label, folder, entries
 
 
+def val_points(workdir: str) -> list[tuple]:
+  """[(step, validation accuracy %)] of a run's metrics.jsonl ([] if none)."""
+  log = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(log):
+    return []
+  return [
+    (r['step'], 100 * r['accuracy'])
+    for r in read_rows(log)
+    if r.get('split') == 'val' and 'accuracy' in r
+  ]
+
+
+def _setting(model: str, label: str | None, config: dict) -> dict:
+  """The fields every row shares: model, name, form, width, seq_len, pairs."""
+  data, net = config.get('data', {}), config.get('model', {})
+  return dict(
+    model=model,
+    name=label or model,
+    form=data.get('form'),
+    width=net.get('emb_dim'),
+    seq_len=data.get('seq_len'),
+    pairs=data.get('num_kv_pairs'),
+  )
+
+
 def stopped_of(sweep_dirs: list[str]) -> list[dict]:
   """The sweeps' mqar runs stopped before their last step that logged a
   validation point: name, width, seq_len, pairs, workdir, steps_done,
@@ -105,29 +131,14 @@ def stopped_of(sweep_dirs: list[str]) -> list[dict]:
     for e in entries:
       if e.get('status') != 'interrupted' or not e.get('workdir'):
         continue
-      log = os.path.join(e['workdir'], 'metrics.jsonl')
-      if not os.path.exists(log):
-        continue
-      from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
-
-      vals = [
-        (r['step'], 100 * r['accuracy'])
-        for r in read_rows(log)
-        if r.get('split') == 'val' and 'accuracy' in r
-      ]
+      vals = val_points(e['workdir'])
       if not vals:
         continue
       config = rundir.read_config(e['workdir']) or {}
-      data, model = config.get('data', {}), config.get('model', {})
       step, best = max(vals, key=lambda v: v[1])
       out.append(
         dict(
-          model=e['model'],
-          name=label or e['model'],
-          form=data.get('form'),
-          width=model.get('emb_dim'),
-          seq_len=data.get('seq_len'),
-          pairs=data.get('num_kv_pairs'),
+          **_setting(e['model'], label, config),
           workdir=e['workdir'],
           steps_done=e.get('steps_done') or vals[-1][0],
           num_train_steps=e.get('num_train_steps'),
@@ -171,13 +182,9 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
       if best is None:
         continue
       config = rundir.read_config(best['workdir']) or {}
-      data, model = config.get('data', {}), config.get('model', {})
-      key = (
-        label or tuned['model'],
-        data.get('form'),
-        model.get('emb_dim'),
-        data.get('seq_len'),
-        data.get('num_kv_pairs'),
+      shape = _setting(tuned['model'], label, config)
+      key = tuple(
+        shape[k] for k in ('name', 'form', 'width', 'seq_len', 'pairs')
       )
       if key in seen:
         raise UserError(
@@ -186,7 +193,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           '--sweeps, or name one: LABEL=FOLDER.'
         )
       seen[key] = folder
-      length, pairs = data.get('seq_len'), data.get('num_kv_pairs')
+      length, pairs = shape['seq_len'], shape['pairs']
       splits = {
         name: acc
         for name, acc in (best.get('test_splits') or {}).items()
@@ -199,21 +206,16 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           curve[at_pairs] = acc
       rows.append(
         dict(
-          model=tuned['model'],
-          name=label or tuned['model'],
-          form=data.get('form'),
-          width=model.get('emb_dim'),
+          **shape,
           choice=sweep_grid.label(
             tuple((k, v) for k, v in best['grid'].items() if k != WIDTH)
           ),
           learning_rate=(config.get('learning_rate')),
           workdir=best['workdir'],
-          pairs=pairs,
           complete=tuned['complete'],
           finished=sum(
             e.get('status') in ('done', 'skipped') for e in tuned['runs']
           ),
-          seq_len=length,
           seeds=best.get('seed_count', 1),
           test_range=best.get('test_range'),
           curve=dict(sorted(curve.items())),
@@ -445,8 +447,6 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
-
   settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
   extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
@@ -464,12 +464,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
       if not mine:
         continue
       r = max(mine, key=lambda r: r['width'] or 0)
-      log = os.path.join(r['workdir'], 'metrics.jsonl')
-      vals = [
-        (row['step'], 100 * row['accuracy'])
-        for row in (read_rows(log) if os.path.exists(log) else [])
-        if row.get('split') == 'val' and 'accuracy' in row
-      ]
+      vals = val_points(r['workdir'])
       if not vals:
         continue
       colour, marker, line = style[name]
@@ -484,11 +479,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
     for r, name in zip(stopped, extra):
       if (r['seq_len'], r['pairs']) != (length, pairs):
         continue
-      vals = [
-        (row['step'], 100 * row['accuracy'])
-        for row in read_rows(os.path.join(r['workdir'], 'metrics.jsonl'))
-        if row.get('split') == 'val' and 'accuracy' in row
-      ]
+      vals = val_points(r['workdir'])
       colour, marker, line = style[name]
       ax.plot(
         *zip(*vals),

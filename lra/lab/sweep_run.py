@@ -13,6 +13,7 @@ unless set), so K processes fit."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -377,8 +378,6 @@ class Sweep:
           self.handled.add(run.name)
         self.write(final=False)
       return
-    import concurrent.futures  # pylint: disable=g-import-not-at-top
-
     futures = {}
 
     def one(run, i):
