@@ -141,14 +141,20 @@ def scan_inputs(length, batch=(2,), inner=6, n=5):
 CHUNKINGS = [(37, 8), (37, 20), (100, 64), (100, 100)]
 
 
+KERNELS = ['xla', 'native']
+
+
+@pytest.mark.parametrize('kernel', KERNELS)
 @pytest.mark.parametrize('length,chunk', CHUNKINGS)
-def test_chunked_scan_equals_unchunked(length, chunk):
+def test_chunked_scan_equals_unchunked(length, chunk, kernel):
   """selective_scan in chunks = one chunk over L = the float64 loop,
   with identity steps (dt = 0) inside, as padding gives; one A [I, N]
-  broadcast over the batch."""
+  broadcast over the batch; the XLA scan and the C++ one."""
   u, dt, a, bm, cm = scan_inputs(length)
   a = a[0]
-  both = jax.jit(lambda *t: [selective_scan(*t, c) for c in (chunk, length)])
+  both = jax.jit(
+    lambda *t: [selective_scan(*t, c, kernel) for c in (chunk, length)]
+  )
   got, whole = map(f64, both(u, dt, a, bm, cm))
   np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
   u, dt, a, bm, cm = map(f64, (u, dt, a, bm, cm))
@@ -177,12 +183,14 @@ def step_loop_scan(u, dt, a, bm, cm):
   return jnp.moveaxis(jax.lax.scan(step, h, xs)[1], 0, -2)
 
 
+@pytest.mark.parametrize('kernel', KERNELS)
 @pytest.mark.parametrize('length,chunk', CHUNKINGS)
 @pytest.mark.parametrize('batch', [(2,), (1,), (2, 3)])
-def test_scan_gradients_equal_autodiff(length, chunk, batch):
-  """The hand-written backward (a custom VJP) = jax's autodiff of a plain
-  step loop, for every input, with a batch of one (its axis dropped inside)
-  and two batch dims (A broadcast along the second)."""
+def test_scan_gradients_equal_autodiff(length, chunk, batch, kernel):
+  """The hand-written backwards (the XLA scan's custom VJP, the C++
+  kernel's) = jax's autodiff of a plain step loop, for every input, with a
+  batch of one (its axis dropped inside) and two batch dims (A broadcast
+  along the second)."""
   u, dt, a, bm, cm = scan_inputs(length, batch)
   if len(batch) == 2:
     a = a[:, :1]  # [2, 1, I, N]: one A for the 3 of each row
@@ -192,7 +200,7 @@ def test_scan_gradients_equal_autodiff(length, chunk, batch):
     loss = lambda *t: jnp.sum(scan(*t) * w)  # noqa: E731
     return jax.jit(jax.grad(loss, argnums=range(5)))(u, dt, a, bm, cm)
 
-  got = grads(lambda *t: selective_scan(*t, chunk))
+  got = grads(lambda *t: selective_scan(*t, chunk, kernel))
   ref = grads(step_loop_scan)
   for name, g, r in zip(('u', 'dt', 'a', 'b', 'c'), got, ref):
     assert g.shape == r.shape, name
@@ -325,6 +333,7 @@ def test_options_and_registry():
     {'dt_min': 'small'},
     {'dt_min': 0.5, 'dt_max': 0.1},
     {'selective': 'no'},
+    {'scan_kernel': 'cuda'},
   )
   for opts in bad:
     with pytest.raises(UserError, match='mamba'):
@@ -392,9 +401,9 @@ def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
       out.append(float(metrics['loss']))
     return np.array(out)
 
-  fast = losses()
+  fast = losses()  # the default scan (the C++ kernel on a CPU)
   monkeypatch.setattr(
-    models.mixers.mamba, 'scan_time_major', step_loop_time_major
+    models.mixers.mamba, 'scan_for', lambda kernel: step_loop_time_major
   )
   reference = losses()
   assert fast[-1] < fast[0] - 0.05  # it trains
@@ -423,3 +432,27 @@ def test_gradient_probe_finds_the_unused_direction(tmp_path):
   bwd = [g for n, g in grads.items() if '.bwd.' in n]
   assert fwd and bwd and len(fwd) == len(bwd)
   assert max(bwd) == 0.0 and min(fwd) > 0.0
+
+
+def test_native_kernel_build_failure_says_why(tmp_path, monkeypatch):
+  """No working compiler: available() gives one line naming the cause,
+  'auto' falls back to the XLA scan, 'native' stops with one sentence."""
+  from models.mixers import mamba_native
+
+  monkeypatch.setenv('LRA_CACHE_DIR', str(tmp_path))
+  monkeypatch.setenv('CXX', 'false')  # a "compiler" that always fails
+  mamba_native.available.cache_clear()
+  models.mixers.mamba._native_or_why.cache_clear()
+  try:
+    why = mamba_native.available()
+    assert why.startswith('the C++ build failed'), why
+    assert list(tmp_path.iterdir()) == []  # no half-written library left
+    mm = models.mixers.mamba
+    assert mm.scan_for('auto') is mm.scan_time_major
+    with pytest.raises(UserError, match='scan_kernel=native cannot run'):
+      mm.scan_for('native')
+  finally:
+    mamba_native.available.cache_clear()
+    models.mixers.mamba._native_or_why.cache_clear()
+  monkeypatch.undo()
+  assert mamba_native.available() == ''  # built and registered again

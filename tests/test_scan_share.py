@@ -9,9 +9,9 @@ import models.mixers.mamba as mamba_module
 
 
 def test_with_and_without_the_scan_and_the_scan_restored():
-  real = mamba_module.scan_time_major
+  real = mamba_module.scan_for
   fs, inputs = scan_share.programs(2, 16, 8, True)
-  assert mamba_module.scan_time_major is real
+  assert mamba_module.scan_for is real
   with_scan = jax.tree.leaves(fs['with scan'](*inputs))
   without = jax.tree.leaves(fs['without'](*inputs))
   assert len(with_scan) == len(without)

@@ -1,7 +1,7 @@
 """How much of Mamba's mixer time is its scan: fwd+bwd with the scan, and
 with the scan replaced by a stand-in that touches the same inputs once.
 
-  python -m lra.lab.scan_share [--rounds 7]
+  python -m lra.lab.scan_share [--rounds 7] [--kernel auto|native|xla]
 
 Per shape (MQAR small; 1K, 2K, 4K as in docs/benchmark.md), both programs
 are compiled, then timed in alternating rounds (jit(grad) of the output's
@@ -38,11 +38,12 @@ def stand_in(u, dt, a, b, c, chunk):
   return u * dt * jnp.sum(b * c, -1, keepdims=True) + jnp.sum(a)
 
 
-def programs(batch, length, width, causal):
-  """{'with scan': f, 'without': f} and their arguments."""
+def programs(batch, length, width, causal, kernel='auto'):
+  """{'with scan': f, 'without': f} and their arguments; `kernel` the
+  mixer's scan_kernel option (auto: the C++ scan on a CPU)."""
   mixer = mamba_module.Mamba(
     emb_dim=width, num_heads=2, max_length=length, dropout_rate=0.0,
-    dtype=jnp.float32, rngs=nnx.Rngs(0),
+    dtype=jnp.float32, rngs=nnx.Rngs(0), scan_kernel=kernel,
   )  # fmt: skip
   graph, state = nnx.split(mixer)
   x = np.random.default_rng(0).standard_normal((batch, length, width))
@@ -52,24 +53,33 @@ def programs(batch, length, width, causal):
   def loss(state, x):
     return jnp.sum(nnx.merge(graph, state)(x, mask)[0])
 
-  real, out = mamba_module.scan_time_major, {}
+  real, out = mamba_module.scan_for, {}
   try:
-    for name, scan in (('with scan', real), ('without', stand_in)):
-      mamba_module.scan_time_major = scan  # read when traced
+    for name, scan_for in (
+      ('with scan', real),
+      ('without', lambda kernel: stand_in),
+    ):
+      mamba_module.scan_for = scan_for  # read when traced
       f = jax.jit(jax.grad(loss, argnums=(0, 1)))
       jax.block_until_ready(f(state, x))
       out[name] = f
   finally:
-    mamba_module.scan_time_major = real
+    mamba_module.scan_for = real
   return out, (state, x)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=7)
+  parser.add_argument(
+    '--kernel',
+    choices=mamba_module.SCAN_KERNELS,
+    default='auto',
+    help="the mixer's scan_kernel (auto: the C++ scan on a CPU)",
+  )
   args = parser.parse_args(argv)
   for batch, length, width, causal in SHAPES:
-    fs, inputs = programs(batch, length, width, causal)
+    fs, inputs = programs(batch, length, width, causal, args.kernel)
     times = {k: [] for k in fs}
     for _ in range(max(1, args.rounds)):
       for name, f in fs.items():

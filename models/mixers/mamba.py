@@ -111,6 +111,7 @@ G directions, X any leading dims.
 """
 
 import functools
+import logging
 import math
 
 from flax import nnx
@@ -119,6 +120,8 @@ import jax.numpy as jnp
 
 from models.attention.base import bool_option, int_option
 from models.attention.registry import register
+from models.errors import UserError
+from models.mixers import mamba_native
 from models.mixers.base import (
   SequenceMixer,
   inverse_softplus,
@@ -308,12 +311,47 @@ def scan_time_major(u_LxXxI, dt_LxXxI, a_XxNxI, b_LxXxN, c_LxXxN, chunk):
   return y.reshape(n * nb * u_len, x, inner)[:length]
 
 
-def selective_scan(u_XxLxI, dt_XxLxI, a_XxIxN, b_XxLxN, c_XxLxN, chunk):
+SCAN_KERNELS = ('auto', 'native', 'xla')
+_LOG = logging.getLogger(__name__)
+
+
+@functools.cache
+def _native_or_why():
+  """'' when the C++ scan runs here (CPU backend, built), else why not."""
+  if jax.default_backend() != 'cpu':
+    return f'the backend is {jax.default_backend()}, not cpu'
+  why = mamba_native.available()
+  if why:
+    _LOG.warning('mamba: the XLA scan is used (%s).', why)
+  return why
+
+
+def scan_for(kernel):
+  """The scan_time_major function a mixer with scan_kernel `kernel` runs:
+  'xla' this module's XLA form; 'native' the C++ kernel (mamba_native.py;
+  one sentence if it cannot run here); 'auto' the C++ kernel on a CPU
+  where it builds, else the XLA form."""
+  if kernel == 'xla':
+    return scan_time_major
+  why = _native_or_why()
+  if not why:
+    return mamba_native.scan_time_major
+  if kernel == 'native':
+    raise UserError(
+      f'mamba scan_kernel=native cannot run: {why}; set '
+      '--config.model.attention.scan_kernel=auto (or xla).'
+    )
+  return scan_time_major
+
+
+def selective_scan(
+  u_XxLxI, dt_XxLxI, a_XxIxN, b_XxLxN, c_XxLxN, chunk, kernel='xla'
+):
   """y_t = C_t . h_t, h_t = exp(dt_t A) h_(t-1) + dt_t B_t u_t, h_-1 = 0.
 
   float32 [X, L, I] for any leading dims X (a batch, or directions x batch;
-  A's leading dims broadcast against them): scan_time_major on the leading
-  dims flattened, in chunks of min(chunk, L) positions.
+  A's leading dims broadcast against them): scan_for(kernel) on the
+  leading dims flattened, in chunks of min(chunk, L) positions.
   """
   *batch, length, inner = u_XxLxI.shape
   states = b_XxLxN.shape[-1]
@@ -325,7 +363,7 @@ def selective_scan(u_XxLxI, dt_XxLxI, a_XxIxN, b_XxLxN, c_XxLxN, chunk):
   def time_major(t):  # [X..., L, F] -> [L, X, F]
     return jnp.swapaxes(t.reshape(x, length, t.shape[-1]), 0, 1)
 
-  y_LxXxI = scan_time_major(
+  y_LxXxI = scan_for(kernel)(
     *map(time_major, (u_XxLxI, dt_XxLxI)),
     a_XxNxI,
     *map(time_major, (b_XxLxN, c_XxLxN)),
@@ -449,6 +487,7 @@ class Mamba(SequenceMixer):
     dt_max=0.1,
     chunk_size=16,
     selective=True,
+    scan_kernel='auto',
   ):
     """Args (own options):
     expand: inner channels I = expand * emb_dim.
@@ -463,6 +502,10 @@ class Mamba(SequenceMixer):
       three selective): dt per channel and B, C learned constants, a
       time-invariant diagonal SSM in the same block (an MQAR experiment:
       does recall need the input-dependent state update?).
+    scan_kernel: 'auto' (the C++ scan of mamba_native.py on a CPU where it
+      builds, else the XLA one), 'native' (the C++ scan or one sentence
+      why not), 'xla' (the XLA scan everywhere). Same recurrence and
+      float32 state; outputs equal to float32 rounding.
     """
     del num_heads, max_length, dropout_rate, layer_index
     expand = int_option('mamba', 'expand', expand, 1, 2)
@@ -472,6 +515,12 @@ class Mamba(SequenceMixer):
       emb_dim / 16
     )
     self.chunk_size = int_option('mamba', 'chunk_size', chunk_size, 1, 16)
+    if scan_kernel not in SCAN_KERNELS:
+      raise UserError(
+        f'mamba scan_kernel must be one of {", ".join(SCAN_KERNELS)}, got '
+        f'{scan_kernel!r}; set e.g. --config.model.attention.scan_kernel=auto.'
+      )
+    self.scan_kernel = scan_kernel
     dt_min, dt_max = step_range_option('mamba', dt_min, dt_max)
     inner = expand * emb_dim
     self.inner, self.num_states, self.conv_width = inner, state, width
@@ -518,7 +567,7 @@ class Mamba(SequenceMixer):
       return jnp.concatenate([t.reshape(length, b, -1) for t in ts], 1)
 
     a_XxNxI = jnp.repeat(jnp.swapaxes(jnp.stack(a), 1, 2), b, axis=0)
-    y_LxXxI = scan_time_major(
+    y_LxXxI = scan_for(self.scan_kernel)(
       stack(u), stack(dt), a_XxNxI, stack(bm), stack(cm), self.chunk_size
     )
     y_RxI = None
