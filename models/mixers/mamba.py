@@ -16,7 +16,15 @@ Real, the same for every channel), D = 1, dt_bias = softplus^-1(dt) with
 dt = exp(U[log dt_min, log dt_max]) floored at 1e-4, dt_proj's kernel
 U(+-R^-1/2), the linear and conv layers PyTorch's default U(+-fan_in^-1/2).
 
-The scan: h_t is a linear recurrence, run one position after the other on
+The scan, on a CPU (scan_kernel 'auto', the default): a C++ kernel
+called from XLA (models/mixers/mamba_native.py, mamba_scan.cc, built on
+first use), each batch row's [N, I] state kept in the cache, its loops over
+I vectorised with exp, rows (and channel blocks) over threads, one state
+kept per chunk_size positions for its hand-written backward: 2-3.4x the
+XLA form below on the scan alone, on this project's 2-core CPU (docs/
+benchmark.md "Mamba's scan in C++"). Elsewhere, or where no compiler
+works (one logged line says why), or with scan_kernel 'xla':
+the XLA scan. h_t is a linear recurrence, run one position after the other on
 an [X, N, I] state, X = G B (G the directions run together: both directions
 are one scan over stacked inputs; a size-1 X is dropped), time-major, so no
 [B, L, I, N] array exists. L is cut into chunks of C = chunk_size positions

@@ -11,9 +11,13 @@ benchmark.md). Same recurrence, same float32 state, same checkpoints (the
 state entering every `chunk_size` positions: memory linear in L).
 
 Built once per machine into $LRA_CACHE_DIR (default ~/.cache/lra) with the
-system's C++ compiler (`c++`, or $CXX) against jaxlib's FFI headers,
-named by a hash of the source, the flags and the jaxlib version; a build
-writes a temp file and renames it (parallel processes may build at once).
+system's C++ compiler (`c++`, or $CXX; extra flags from
+$LRA_MAMBA_CXXFLAGS) against jaxlib's FFI headers, -O3 -march=native
+-ffast-math, named by a hash of the source, the flags, the compiler, the
+jaxlib version and the CPU's model and flags (a cache shared by different
+CPUs keeps one library each); a build writes a temp file and renames it
+(parallel processes may build at once). $LRA_MAMBA_THREADS caps its
+threads.
 Where no compiler works, or off the CPU, mamba.py keeps its XLA scan and
 says once why (`available()`'s reason). `--config.model.attention.
 scan_kernel=xla` chooses the XLA form everywhere.
@@ -24,6 +28,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -48,6 +53,17 @@ def _cache_dir():
   return pathlib.Path(root)
 
 
+def _cpu_signature():
+  """The CPU's model and instruction-set flags: -march=native code built
+  on one CPU may not run on another (a cache in a shared home folder)."""
+  try:
+    lines = pathlib.Path('/proc/cpuinfo').read_text().splitlines()
+  except OSError:
+    return platform.machine() + platform.processor()
+  wanted = ('model name', 'flags', 'Features', 'CPU part')
+  return ' '.join(sorted({x for x in lines if x.startswith(wanted)}))
+
+
 def _build():
   """Path of the compiled library (built if missing); raises OSError or
   subprocess.CalledProcessError with the compiler's message."""
@@ -55,9 +71,8 @@ def _build():
   if not cxx:
     raise OSError('no C++ compiler (c++ or g++) on PATH')
   source = _SOURCE.read_bytes()
-  key = hashlib.sha256(
-    source + ' '.join(_FLAGS).encode() + jaxlib.__version__.encode()
-  ).hexdigest()[:16]
+  signature = ' '.join((*_FLAGS, jaxlib.__version__, cxx, _cpu_signature()))
+  key = hashlib.sha256(source + signature.encode()).hexdigest()[:16]
   target = _cache_dir() / f'mamba_scan_{key}.so'
   if target.exists():
     return target
@@ -104,13 +119,15 @@ def available():
 
 def _threads():
   """Threads the kernel splits its rows over: $LRA_MAMBA_THREADS, else
-  the CPUs this process may run on."""
+  the CPUs this process may run on (at most 32)."""
   value = os.environ.get('LRA_MAMBA_THREADS', '')
   if value.isdigit() and int(value) > 0:
     return int(value)
   if hasattr(os, 'sched_getaffinity'):
-    return len(os.sched_getaffinity(0))
-  return os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0))
+  else:
+    cpus = os.cpu_count() or 1
+  return min(cpus, 32)
 
 
 def _forward(a_XxNxI, u, dt, b, c, chunk):
