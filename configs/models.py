@@ -443,10 +443,19 @@ def check_attention(config):
     raise UserError(
       f'--config.model.attention.name={name} keeps the options of the '
       f"{config.model_name} model's core {core} ({', '.join(unknown)}), "
-      f'which {name} does not take; choose the core with the model name '
-      f'instead (configs/{config.task}.py:{name}).'
+      f'which {name} does not take; {_model_instead(config.task, name)}.'
     )
   raise UserError(registry.unknown_option_sentence(name, unknown[0]))
+
+
+def _model_instead(task, core):
+  """'choose the core with the model name instead (configs/<task>.py:
+  <core>)', or, for a core that is no model name, what it is."""
+  if core in NOT_MODELS:
+    return f'{core} is {NOT_MODELS[core]}'
+  return (
+    f'choose the core with the model name instead (configs/{task}.py:{core})'
+  )
 
 
 def option_sentence(model, key, suggestion=None, name=None, core=None):
@@ -464,7 +473,7 @@ def option_sentence(model, key, suggestion=None, name=None, core=None):
   if name and name != core:
     return (
       f'--config.model.attention.name={name} keeps the options of the '
-      f"{model} model's core {core}, so {key!r} is not one of them; choose "
-      f'the core with the model name instead (configs/<task>.py:{name}).'
+      f"{model} model's core {core}, so {key!r} is not one of them; "
+      f'{_model_instead("<task>", name)}.'
     )
   return registry.unknown_option_sentence(core, key, suggestion)

@@ -101,6 +101,10 @@ def test_table_marks_failed_cells_and_shows_paper_numbers():
   assert '| performer | 3 (1.5x) | OOM |' in text
   assert '| *paper* | *9.5 (1.2x)* |' in text  # LRA Table 2, performer 1K
   assert 'performer at 2048: OOM' in text
+  # A cell that failed before its config was read (no batch size) still
+  # gets its table, not a TypeError.
+  early = {**ok, 'status': 'error', 'batch_size': None, 'error': 'bad flag'}
+  assert '| transformer | error |' in bench_report.markdown([early])
 
 
 def test_failed_cells_are_marked_and_the_run_goes_on(tmp_path, monkeypatch):

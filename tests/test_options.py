@@ -225,6 +225,12 @@ def test_name_flag_with_foreign_options_is_refused_before_training():
   )
   with pytest.raises(UserError, match='configs/listops.py:performer'):
     model_configs.check_attention(config)
+  # A core that is no model name is not offered as one.
+  config = cli.config_from_argv(
+    argv_for('transformer', '--config.model.attention.name=none')
+  )
+  with pytest.raises(UserError, match="none is benchmark.py's --ceiling"):
+    model_configs.check_attention(config)
   # A core without options may be swapped in by name.
   fine = cli.config_from_argv(
     argv_for('linear_transformer', '--config.model.attention.name=none')

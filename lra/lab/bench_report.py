@@ -46,10 +46,11 @@ PAPER_BATCH, PAPER_CHIPS = 32, 16
 def setup(row):
   """'2 x cpu (cpu backend), preset cpu, batch 2 (1 per device)'."""
   n = row['device_count'] or 1
+  batch = row['batch_size']  # None when the cell failed before its config
+  per_device = '' if batch is None else f' ({batch / n:g} per device)'
   return (
     f'{n} x {row["device_kind"]} ({row["backend"]} backend), preset '
-    f'{row["preset"]}, batch {row["batch_size"]} '
-    f'({row["batch_size"] / n:g} per device)'
+    f'{row["preset"]}, batch {batch}{per_device}'
   )
 
 
