@@ -1,12 +1,15 @@
-"""How much of Mamba's mixer time is its scan: fwd+bwd with the scan, and
-with the scan replaced by a stand-in that touches the same inputs once.
+"""How much of Mamba's mixer time is its scan: fwd+bwd with the scan (each
+kernel asked for), and with the scan replaced by a stand-in that touches
+the same inputs once.
 
-  python -m lra.lab.scan_share [--rounds 7] [--kernel auto|native|xla]
+  python -m lra.lab.scan_share [--rounds 7] [--kernels xla,native]
 
-Per shape (MQAR small; 1K, 2K, 4K as in docs/benchmark.md), both programs
-are compiled, then timed in alternating rounds (jit(grad) of the output's
-sum with respect to the parameters and the input, float32); prints the
-medians and the scan's share, 1 - without / with. The stand-in,
+Per shape (MQAR small; 1K, 2K, 4K as in docs/benchmark.md), the programs
+(one per scan kernel, `--kernels`: the mixer's scan_kernel values, default
+auto, and the stand-in) are compiled, then timed in alternating rounds
+(jit(grad) of the output's sum with respect to the parameters and the
+input, float32); prints the medians, each kernel's against the first, and
+each one's share, 1 - without / with. The stand-in,
 u dt sum(B C) + sum(A), keeps every input in the gradient so that nothing
 upstream of the scan is pruned. A share s bounds what a faster scan can
 give the mixer: 1 / (1 - s) at most.
@@ -38,28 +41,27 @@ def stand_in(u, dt, a, b, c, chunk):
   return u * dt * jnp.sum(b * c, -1, keepdims=True) + jnp.sum(a)
 
 
-def programs(batch, length, width, causal, kernel='auto'):
-  """{'with scan': f, 'without': f} and their arguments; `kernel` the
-  mixer's scan_kernel option (auto: the C++ scan on a CPU)."""
-  mixer = mamba_module.Mamba(
-    emb_dim=width, num_heads=2, max_length=length, dropout_rate=0.0,
-    dtype=jnp.float32, rngs=nnx.Rngs(0), scan_kernel=kernel,
-  )  # fmt: skip
-  graph, state = nnx.split(mixer)
+def programs(batch, length, width, causal, kernels=('auto',)):
+  """{'<kernel>': f for each scan kernel, 'without': f} and their
+  arguments: the mixer (scan_kernel = each of `kernels`) fwd+bwd."""
   x = np.random.default_rng(0).standard_normal((batch, length, width))
   x = jnp.asarray(x, jnp.float32)
   mask = Mask(jnp.ones((batch, length), bool), causal)
-
-  def loss(state, x):
-    return jnp.sum(nnx.merge(graph, state)(x, mask)[0])
-
-  real, out = mamba_module.scan_for, {}
+  state, out, real = None, {}, mamba_module.scan_for
   try:
-    for name, scan_for in (
-      ('with scan', real),
-      ('without', lambda kernel: stand_in),
-    ):
-      mamba_module.scan_for = scan_for  # read when traced
+    for name in (*kernels, 'without'):
+      mixer = mamba_module.Mamba(
+        emb_dim=width, num_heads=2, max_length=length, dropout_rate=0.0,
+        dtype=jnp.float32, rngs=nnx.Rngs(0),
+        scan_kernel=kernels[0] if name == 'without' else name,
+      )  # fmt: skip
+      graph, state = nnx.split(mixer)  # the same parameters every time
+
+      def loss(state, x, graph=graph):
+        return jnp.sum(nnx.merge(graph, state)(x, mask)[0])
+
+      if name == 'without':
+        mamba_module.scan_for = lambda kernel: stand_in  # read when traced
       f = jax.jit(jax.grad(loss, argnums=(0, 1)))
       jax.block_until_ready(f(state, x))
       out[name] = f
@@ -72,14 +74,21 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=7)
   parser.add_argument(
-    '--kernel',
-    choices=mamba_module.SCAN_KERNELS,
+    '--kernels',
     default='auto',
-    help="the mixer's scan_kernel (auto: the C++ scan on a CPU)",
+    help="the mixer's scan_kernel values to time, commas (auto: the C++ "
+    'scan on a CPU): e.g. xla,native',
   )
   args = parser.parse_args(argv)
+  kernels = tuple(k for k in args.kernels.split(',') if k)
+  bad = [k for k in kernels if k not in mamba_module.SCAN_KERNELS]
+  if bad or not kernels:
+    parser.error(
+      f'--kernels takes {", ".join(mamba_module.SCAN_KERNELS)}, got '
+      f'{args.kernels!r}'
+    )
   for batch, length, width, causal in SHAPES:
-    fs, inputs = programs(batch, length, width, causal, args.kernel)
+    fs, inputs = programs(batch, length, width, causal, kernels)
     times = {k: [] for k in fs}
     for _ in range(max(1, args.rounds)):
       for name, f in fs.items():
@@ -87,11 +96,15 @@ def main(argv=None):
         jax.block_until_ready(f(*inputs))
         times[name].append(time.perf_counter() - start)
     ms = {k: 1000 * float(np.median(v)) for k, v in times.items()}
-    share = 1 - ms['without'] / ms['with scan']
     form = 'causal' if causal else 'bidirectional'
+    parts = []
+    for k in kernels:
+      vs = '' if k == kernels[0] else f' ({ms[kernels[0]] / ms[k]:.2f}x)'
+      share = 1 - ms['without'] / ms[k]
+      parts.append(f'{k} {ms[k]:.0f} ms{vs}, scan share {share:.2f}')
     print(
-      f'B {batch}, L {length}, E {width}, {form}: {ms["with scan"]:.0f} ms, '
-      f'without the scan {ms["without"]:.0f} ms, scan share {share:.2f}',
+      f'B {batch}, L {length}, E {width}, {form}: {"; ".join(parts)}; '
+      f'without the scan {ms["without"]:.0f} ms',
       flush=True,
     )
 

@@ -20,9 +20,9 @@ The scan, on a CPU (scan_kernel 'auto', the default): a C++ kernel
 called from XLA (models/mixers/mamba_native.py, mamba_scan.cc, built on
 first use), each batch row's [N, I] state kept in the cache, its loops over
 I vectorised with exp, rows (and channel blocks) over threads, one state
-kept per chunk_size positions for its hand-written backward: 2-3.4x the
-XLA form below on the scan alone, on this project's 2-core CPU (docs/
-benchmark.md "Mamba's scan in C++"). Elsewhere, or where no compiler
+kept per chunk_size positions for its hand-written backward: 2.4-6.6x the
+XLA form below on the scan alone, 1.5-1.9x on the mixer, on this
+project's 2-core CPU, idle (docs/benchmark.md "Mamba's scan in C++"). Elsewhere, or where no compiler
 works (one logged line says why), or with scan_kernel 'xla':
 the XLA scan. h_t is a linear recurrence, run one position after the other on
 an [X, N, I] state, X = G B (G the directions run together: both directions
