@@ -110,8 +110,9 @@ def available():
         jax.ffi.register_ffi_target(name, capsule, platform='cpu')
       _REGISTERED.append(library)
   except subprocess.CalledProcessError as error:
-    first = (error.stderr or '').strip().splitlines()[:1]
-    return f'the C++ build failed: {first[0] if first else error}'
+    lines = (error.stderr or '').strip().splitlines()
+    said = lines[0] if lines else f'exit status {error.returncode}'
+    return f'the C++ build ({error.cmd[0]}) failed: {said}'
   except (OSError, AttributeError) as error:
     return f'the C++ kernel could not be loaded: {error}'
   return ''
