@@ -246,3 +246,35 @@ def test_seeds_in_the_width_table(tmp_path):
     '| `gla` | 85.0 (0.001) [80.0-90.0, 2 seeds] |'
     in mqar_report.width_markdown(rows)
   )
+
+
+def test_a_grid_setting_of_one_sweep_is_its_own_row(tmp_path):
+  """LABEL=FOLDER@KEY=VALUE keeps the runs of one grid setting: an option
+  compared (not tuned) gives one row per value; a setting no run has is
+  one sentence."""
+  w64 = str(tmp_path / 'w64')
+  write_sweep(
+    w64,
+    64,
+    [
+      ('transformer', '1e-3', 0.9, 0.91, {}, 'causal'),
+      ('transformer', '3e-3', 0.99, 0.98, {}, 'causal'),
+    ],
+  )
+  rows = mqar_report.rows_of(
+    [
+      'tf 1e-3=' + w64 + '@learning_rate=1e-3',
+      'tf 3e-3=' + w64 + '@learning_rate=3e-3',
+    ]
+  )
+  got = {(r['name'], r['model']) for r in rows}
+  assert ('tf 1e-3', 'transformer') in got and ('tf 3e-3', 'transformer') in got
+  # Each row holds its own setting's run, not the best of both.
+  by_name = {r['name']: r for r in rows if r['model'] == 'transformer'}
+  assert by_name['tf 1e-3']['choice'] == 'learning_rate=1e-3'
+  assert by_name['tf 3e-3']['choice'] == 'learning_rate=3e-3'
+  assert by_name['tf 1e-3']['curve'] == {8: 0.91}
+  with pytest.raises(UserError, match='no run of .* has the grid setting'):
+    mqar_report.rows_of([w64 + '@learning_rate=5'])
+  with pytest.raises(UserError, match='after @ comes KEY=VALUE'):
+    mqar_report.rows_of([w64 + '@oops'])

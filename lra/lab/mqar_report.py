@@ -24,7 +24,10 @@ data.form (bidirectional rows, for encoders that cannot be causal, are
 marked `bi`). A (model, form, width) found in two sweeps is an error (one
 sentence): give each comparison once, or name a sweep: `LABEL=FOLDER` in
 --sweeps shows that sweep's rows as LABEL (e.g. `mamba, Zoology
-block=runs/mqar/mamba_zoo`), so one model in two set-ups is two rows.
+block=runs/mqar/mamba_zoo`), so one model in two set-ups is two rows;
+`LABEL=FOLDER@KEY=VALUE` takes the runs of one grid setting of a sweep
+(`h3, head_dim 8=runs/mqar/h3_long@model.attention.head_dim=8`), so an
+option compared rather than tuned is one row per value.
 
 A run stopped before its last step (interrupted: no test accuracy) is not
 a table row; its validation curve is still drawn in mqar_curves.png,
@@ -81,7 +84,21 @@ def named_sweep(item: str) -> tuple[str | None, str]:
 
 
 def _entries(item: str) -> tuple[str | None, str, list[dict]]:
+  """A --sweeps item's label, folder and mqar runs. 'FOLDER@KEY=VALUE'
+  keeps the runs whose grid sets KEY to VALUE (several: '@K=V@K2=V2'),
+  so one grid axis (an option compared, not tuned) gives one row each:
+  'h3 d1=runs/h3@model.attention.head_dim=1'."""
   label, folder = named_sweep(item)
+  folder, *filters = folder.split('@')
+  wanted = {}
+  for f in filters:
+    key, sep, value = f.partition('=')
+    if not sep or not key:
+      raise UserError(
+        f'--sweeps {item}: after @ comes KEY=VALUE, a grid setting of the '
+        'sweep (e.g. @model.attention.head_dim=8).'
+      )
+    wanted[key] = value
   sweep = rundir.read_json(os.path.join(folder, 'sweep.json'))
   if not isinstance(sweep, dict):
     raise UserError(
@@ -92,7 +109,13 @@ def _entries(item: str) -> tuple[str | None, str, list[dict]]:
     dict(e, grid=e.get('grid') or {})
     for e in sweep.get('runs', [])
     if e.get('task') == 'mqar'
+    and all(str((e.get('grid') or {}).get(k)) == v for k, v in wanted.items())
   ]
+  if wanted and not entries:
+    raise UserError(
+      f'--sweeps {item}: no run of {folder} has the grid setting '
+      f'{", ".join(f"{k}={v}" for k, v in wanted.items())}.'
+    )
   return label, folder, entries
 
 
