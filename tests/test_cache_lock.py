@@ -11,10 +11,13 @@ import time
 from lra.data import cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Inside its block the waiter reports whether the lock file it holds is
+# the one at the path (the holder removed the old one as it let go: a lock
+# on a removed file would exclude nobody).
 WAITER = (
-  'import sys; from lra.data import cache\n'
+  'import os, sys; from lra.data import cache\n'
   'with cache.preparing(sys.argv[1]):\n'
-  '  print("got it", flush=True)\n'
+  '  print("got it", os.path.exists(sys.argv[1] + ".lock"), flush=True)\n'
 )
 
 
@@ -40,5 +43,5 @@ def test_a_second_process_waits_for_the_first(tmp_path):
     assert waiter.poll() is None  # still blocked while the lock is held
   out, err = waiter.communicate(timeout=60)
   assert waiter.returncode == 0, said + err
-  assert out.strip() == 'got it'
+  assert out.strip() == 'got it True'
   assert not os.path.exists(target + '.lock')

@@ -59,23 +59,36 @@ def preparing(cache_dir, say=True):
   parent = os.path.dirname(os.path.abspath(cache_dir))
   os.makedirs(parent, exist_ok=True)
   path = os.path.abspath(cache_dir) + '.lock'
-  with open(path, 'a') as f:
+  said = not say
+  while True:
+    f = open(path, 'a')
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      if say:
+      if not said:
         print(
           f'Waiting for another process preparing {cache_dir} ...',
           file=sys.stderr,
           flush=True,
         )
+        said = True
       fcntl.flock(f, fcntl.LOCK_EX)
+    # The holder before us removes the file as it lets go: a lock on a
+    # removed file excludes nobody (a newcomer makes a new one), so lock
+    # again until the locked file is the one at the path.
+    try:
+      same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    f.close()
+  with f:
     try:
       yield
     finally:
-      # Removed by its holder (the data folder keeps only data): a waiter
-      # still holds the old file and re-checks the cache under it; a
-      # newcomer finds the cache complete, or makes a new lock file.
+      # Removed by its holder (the data folder keeps only data) while it
+      # still holds the lock; waiters on it then lock the new file.
       try:
         os.remove(path)
       except OSError:
