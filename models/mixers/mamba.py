@@ -22,9 +22,10 @@ first use), each batch row's [N, I] state kept in the cache, its loops over
 I vectorised with exp, rows (and channel blocks) over threads, one state
 kept per chunk_size positions for its hand-written backward: 2.4-6.6x the
 XLA form below on the scan alone, 1.5-1.9x on the mixer, on this
-project's 2-core CPU, idle (docs/benchmark.md "Mamba's scan in C++"). Elsewhere, or where no compiler
-works (one logged line says why), or with scan_kernel 'xla':
-the XLA scan. h_t is a linear recurrence, run one position after the other on
+project's 2-core CPU, idle (docs/benchmark.md "Mamba's scan in C++").
+Elsewhere, where no compiler works (one logged line says why), or with
+scan_kernel 'xla': the XLA scan. h_t is a linear recurrence, run one
+position after the other on
 an [X, N, I] state, X = G B (G the directions run together: both directions
 are one scan over stacked inputs; a size-1 X is dropped), time-major, so no
 [B, L, I, N] array exists. L is cut into chunks of C = chunk_size positions
@@ -132,6 +133,7 @@ from models.errors import UserError
 from models.mixers import mamba_native
 from models.mixers.base import (
   SequenceMixer,
+  choice_option,
   inverse_softplus,
   real_BxL,
   step_range_option,
@@ -523,12 +525,9 @@ class Mamba(SequenceMixer):
       emb_dim / 16
     )
     self.chunk_size = int_option('mamba', 'chunk_size', chunk_size, 1, 16)
-    if scan_kernel not in SCAN_KERNELS:
-      raise UserError(
-        f'mamba scan_kernel must be one of {", ".join(SCAN_KERNELS)}, got '
-        f'{scan_kernel!r}; set e.g. --config.model.attention.scan_kernel=auto.'
-      )
-    self.scan_kernel = scan_kernel
+    self.scan_kernel = choice_option(
+      'mamba', 'scan_kernel', scan_kernel, SCAN_KERNELS
+    )
     dt_min, dt_max = step_range_option('mamba', dt_min, dt_max)
     inner = expand * emb_dim
     self.inner, self.num_states, self.conv_width = inner, state, width

@@ -279,33 +279,32 @@ ffi::Error ScanBackward(
   return ffi::Error::Success();
 }
 
+// The five inputs both calls start with: u, dt, A, B, C.
+auto ScanInputs() {
+  using F32 = ffi::Buffer<ffi::F32>;
+  return ffi::Ffi::Bind().Arg<F32>().Arg<F32>().Arg<F32>().Arg<F32>().Arg<
+      F32>();
+}
+
 }  // namespace
 
+using F32 = ffi::Buffer<ffi::F32>;
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LraMambaScanForward, ScanForward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // u
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // dt
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // A
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // B
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // C
+                              ScanInputs()
                                   .Attr<int64_t>("chunk")
                                   .Attr<int64_t>("threads")
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // hc
+                                  .Ret<F32>()    // y
+                                  .Ret<F32>());  // hc
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LraMambaScanBackward, ScanBackward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // u
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // dt
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // A
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // B
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // C
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // hc
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // dy
+                              ScanInputs()
+                                  .Arg<F32>()  // hc
+                                  .Arg<F32>()  // dy
                                   .Attr<int64_t>("chunk")
                                   .Attr<int64_t>("threads")
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // du
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // ddt
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dA
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // dB
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // dC
+                                  .Ret<F32>()    // du
+                                  .Ret<F32>()    // ddt
+                                  .Ret<F32>()    // dA
+                                  .Ret<F32>()    // dB
+                                  .Ret<F32>());  // dC
