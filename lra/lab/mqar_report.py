@@ -475,8 +475,9 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
   style = _styles(list(dict.fromkeys([*names, *extra])))
   fig, axes = plt.subplots(
-    1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
-  )
+    1, len(settings), figsize=(max(6.0, 5 * len(settings)), 4.6),
+    squeeze=False,
+  )  # fmt: skip
   for ax, (length, pairs) in zip(axes[0], settings):
     for name in names:
       mine = [
@@ -516,13 +517,21 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
     ax.set_xlabel('training step')
     ax.set_ylabel('validation accuracy (%)')
     ax.set_ylim(-2, 102)
-    ax.set_title(f'MQAR: length {length}, {pairs} pairs (widest width)')
+    ax.set_title(f'length {length}, {pairs} pairs')
     ax.grid(True, alpha=0.3)
+  fig.suptitle('MQAR validation curves (each model at its widest width)')
   handles, labels = _shared_legend(axes[0])
-  axes[0][-1].legend(
-    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=9
-  )
   fig.tight_layout()
+  if len(labels) > 8:  # a long legend below the panels, not squeezing them
+    fig.legend(
+      handles, labels, loc='upper center', bbox_to_anchor=(0.5, 0.0),
+      ncol=2 if len(settings) < 3 else 3, fontsize=9,
+    )  # fmt: skip
+  else:
+    axes[0][-1].legend(
+      handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
+      fontsize=9,
+    )  # fmt: skip
   fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
 
