@@ -278,3 +278,22 @@ def test_a_grid_setting_of_one_sweep_is_its_own_row(tmp_path):
     mqar_report.rows_of([w64 + '@learning_rate=5'])
   with pytest.raises(UserError, match='after @ comes KEY=VALUE'):
     mqar_report.rows_of([w64 + '@oops'])
+
+
+def test_many_models_are_drawn_in_two_families():
+  """More models than the palette tells apart: the attention cores and the
+  mixers get a row of panels each (their `core`, as config.json names it;
+  a core this checkout lacks goes with the attention cores)."""
+  cores = ['softmax', 'linear', 'performer', 'reformer', 'bigbird', 'local']
+  mixers = ['mamba', 's4d', 's5', 'hyena']
+  rows = [
+    {'model': f'm_{c}', 'name': f'm_{c}', 'core': c, 'form': 'causal'}
+    for c in [*cores, *mixers, 'no_such_core']
+  ]
+  names = [r['name'] for r in rows]
+  families = dict(mqar_report._families(rows, names))
+  assert families['sequence mixers'] == [f'm_{c}' for c in mixers]
+  assert families['attention cores'] == [
+    f'm_{c}' for c in [*cores, 'no_such_core']
+  ]
+  assert mqar_report._families(rows[:8], names[:8]) == [('', names[:8])]

@@ -132,11 +132,13 @@ def val_points(workdir: str) -> list[tuple]:
 
 
 def _setting(model: str, label: str | None, config: dict) -> dict:
-  """The fields every row shares: model, name, form, width, seq_len, pairs."""
+  """The fields every row shares: model, name, core (the registered
+  attention core or mixer), form, width, seq_len, pairs."""
   data, net = config.get('data', {}), config.get('model', {})
   return dict(
     model=model,
     name=label or model,
+    core=(net.get('attention') or {}).get('name', model),
     form=data.get('form'),
     width=net.get('emb_dim'),
     seq_len=data.get('seq_len'),
@@ -405,10 +407,38 @@ def _shared_legend(axes):
   return handles, labels
 
 
+def _families(rows, names):
+  """[(title, names)]: one group when the names fit the palette
+  (plotstyle.MANY_SERIES), else the attention cores (models/attention/)
+  and the sequence mixers (models/mixers/) apart, one row of panels each,
+  so that no panel draws more lines than it can tell apart."""
+  from lra.lab import plotstyle  # pylint: disable=g-import-not-at-top
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  if len(names) <= plotstyle.MANY_SERIES:
+    return [('', list(names))]
+  core_of = {}
+  for r in rows:
+    core_of.setdefault(_label(r), r.get('core') or r['model'])
+
+  def mixer(name):
+    try:
+      return registry.is_mixer(registry.get_core_class(core_of[name]))
+    except UserError:
+      return False  # a core this checkout does not have: with the cores
+
+  groups = [
+    ('attention cores', [n for n in names if not mixer(n)]),
+    ('sequence mixers', [n for n in names if mixer(n)]),
+  ]
+  return [(title, group) for title, group in groups if group]
+
+
 def width_plot(rows: list[dict], path: str) -> None:
   """Zoology's Figure 2 form: per training setting a panel of test
   accuracy against model width (log2 axis), one line per model; a hollow
-  marker is a point whose learning-rate grid has not all finished."""
+  marker is a point whose learning-rate grid has not all finished. Many
+  models: a row of panels per family (_families), each with its legend."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -416,45 +446,50 @@ def width_plot(rows: list[dict], path: str) -> None:
 
   settings = settings_of(rows)
   names = list(dict.fromkeys(_label(r) for r in rows))
-  style = _styles(names)
+  families = _families(rows, names)
   widths = sorted({r['width'] for r in rows})
   fig, axes = plt.subplots(
-    1, len(settings), figsize=(5 * len(settings), 4.6), squeeze=False
-  )
-  for ax, (length, pairs) in zip(axes[0], settings):
-    for name in names:
-      pts = sorted(
-        (r['width'], 100 * (r['curve'].get(pairs) or 0.0), r['complete'])
-        for r in rows
-        if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
-      )
-      if not pts:
-        continue
-      colour, marker, line = style[name]
-      xs, ys, _ = zip(*pts)
-      ax.plot(
-        xs, ys, color=colour, linestyle=line, label=name, marker=marker,
-        markersize=7,
-      )  # fmt: skip
-      for x, y, complete in pts:
-        if not complete:  # hollow over the filled marker
-          ax.plot(
-            [x], [y], marker=marker, color=colour, markersize=7,
-            markerfacecolor='white', linestyle='none',
-          )  # fmt: skip
-    ax.set_xscale('log', base=2)
-    ax.set_xticks(widths, [str(w) for w in widths])
-    ax.minorticks_off()
-    ax.set_xlabel('model width (emb_dim)')
-    ax.set_ylabel('test accuracy (%)')
-    ax.set_ylim(-2, 102)
-    ax.set_title(f'MQAR: length {length}, {pairs} pairs')
-    ax.grid(True, alpha=0.3)
-  handles, labels = _shared_legend(axes[0])
-  axes[0][-1].legend(
-    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
-    fontsize=9, title='hollow: grid unfinished', title_fontsize=8,
+    len(families), len(settings),
+    figsize=(5 * len(settings), 4.6 * len(families)), squeeze=False,
   )  # fmt: skip
+  for row_axes, (family, group) in zip(axes, families):
+    style = _styles(group)
+    for ax, (length, pairs) in zip(row_axes, settings):
+      for name in group:
+        pts = sorted(
+          (r['width'], 100 * (r['curve'].get(pairs) or 0.0), r['complete'])
+          for r in rows
+          if _label(r) == name
+          and (r['seq_len'], r['pairs']) == (length, pairs)
+        )
+        if not pts:
+          continue
+        colour, marker, line = style[name]
+        xs, ys, _ = zip(*pts)
+        ax.plot(
+          xs, ys, color=colour, linestyle=line, label=name, marker=marker,
+          markersize=7,
+        )  # fmt: skip
+        for x, y, complete in pts:
+          if not complete:  # hollow over the filled marker
+            ax.plot(
+              [x], [y], marker=marker, color=colour, markersize=7,
+              markerfacecolor='white', linestyle='none',
+            )  # fmt: skip
+      ax.set_xscale('log', base=2)
+      ax.set_xticks(widths, [str(w) for w in widths])
+      ax.minorticks_off()
+      ax.set_xlabel('model width (emb_dim)')
+      ax.set_ylabel('test accuracy (%)')
+      ax.set_ylim(-2, 102)
+      title = f'MQAR: length {length}, {pairs} pairs'
+      ax.set_title(f'{title}: {family}' if family else title)
+      ax.grid(True, alpha=0.3)
+    handles, labels = _shared_legend(row_axes)
+    row_axes[-1].legend(
+      handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
+      fontsize=9, title='hollow: grid unfinished', title_fontsize=8,
+    )  # fmt: skip
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
@@ -464,7 +499,8 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   """Validation accuracy against step of each model's chosen run at its
   widest width, one panel per setting: whether the best point had stopped
   rising when training ended; then each `stopped` run (stopped_of), its
-  label ending in the step it reached."""
+  label ending in the step it reached. Many models: a row of panels per
+  family (_families)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -473,65 +509,80 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
   extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
-  style = _styles(list(dict.fromkeys([*names, *extra])))
+  families = _families([*rows, *stopped], list(dict.fromkeys(names)))
+  if len(families) > 1:  # a stopped run goes with its model's family
+    family_of = {n: i for i, (_, group) in enumerate(families) for n in group}
+    for r, name in zip(stopped, extra):
+      families[family_of.get(_label(r), 0)][1].append(name)
+  else:
+    families = [('', [*names, *extra])]
   fig, axes = plt.subplots(
-    1, len(settings), figsize=(max(6.0, 5 * len(settings)), 4.6),
+    len(families), len(settings),
+    figsize=(max(6.0, 5 * len(settings)), 4.6 * len(families)),
     squeeze=False,
   )  # fmt: skip
-  for ax, (length, pairs) in zip(axes[0], settings):
-    for name in names:
-      mine = [
-        r
-        for r in rows
-        if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
-      ]
-      if not mine:
-        continue
-      r = max(mine, key=lambda r: r['width'] or 0)
-      vals = val_points(r['workdir'])
-      if not vals:
-        continue
-      colour, marker, line = style[name]
-      ax.plot(
-        *zip(*vals),
-        marker=marker,
-        color=colour,
-        linestyle=line,
-        label=f'{name} (w{r["width"]})',
-        markersize=4,
-      )
-    for r, name in zip(stopped, extra):
-      if (r['seq_len'], r['pairs']) != (length, pairs):
-        continue
-      vals = val_points(r['workdir'])
-      colour, marker, line = style[name]
-      ax.plot(
-        *zip(*vals),
-        marker=marker,
-        color=colour,
-        linestyle=line,
-        markersize=4,
-        label=f'{_stopped_label(r, stopped)} (w{r["width"]}, stopped at '
-        f'{r["steps_done"]:,} of {r["num_train_steps"] or 0:,})',
-      )
-    ax.set_xlabel('training step')
-    ax.set_ylabel('validation accuracy (%)')
-    ax.set_ylim(-2, 102)
-    ax.set_title(f'length {length}, {pairs} pairs')
-    ax.grid(True, alpha=0.3)
+  legends = []
+  for row_axes, (family, group) in zip(axes, families):
+    style = _styles(group)
+    for ax, (length, pairs) in zip(row_axes, settings):
+      for name in group:
+        if name not in names:
+          continue
+        mine = [
+          r
+          for r in rows
+          if _label(r) == name
+          and (r['seq_len'], r['pairs']) == (length, pairs)
+        ]
+        if not mine:
+          continue
+        r = max(mine, key=lambda r: r['width'] or 0)
+        vals = val_points(r['workdir'])
+        if not vals:
+          continue
+        colour, marker, line = style[name]
+        ax.plot(
+          *zip(*vals),
+          marker=marker,
+          color=colour,
+          linestyle=line,
+          label=f'{name} (w{r["width"]})',
+          markersize=4,
+        )
+      for r, name in zip(stopped, extra):
+        if name not in group or (r['seq_len'], r['pairs']) != (length, pairs):
+          continue
+        vals = val_points(r['workdir'])
+        colour, marker, line = style[name]
+        ax.plot(
+          *zip(*vals),
+          marker=marker,
+          color=colour,
+          linestyle=line,
+          markersize=4,
+          label=f'{_stopped_label(r, stopped)} (w{r["width"]}, stopped at '
+          f'{r["steps_done"]:,} of {r["num_train_steps"] or 0:,})',
+        )
+      ax.set_xlabel('training step')
+      ax.set_ylabel('validation accuracy (%)')
+      ax.set_ylim(-2, 102)
+      title = f'length {length}, {pairs} pairs'
+      ax.set_title(f'{title}: {family}' if family else title)
+      ax.grid(True, alpha=0.3)
+    legends.append((row_axes, *_shared_legend(row_axes)))
   fig.suptitle('MQAR validation curves (each model at its widest width)')
-  handles, labels = _shared_legend(axes[0])
   fig.tight_layout()
-  if len(labels) > 8:  # a long legend below the panels, not squeezing them
-    fig.legend(
-      handles, labels, loc='upper center', bbox_to_anchor=(0.5, 0.0),
-      ncol=2 if len(settings) < 3 else 3, fontsize=9,
-    )  # fmt: skip
-  else:
-    axes[0][-1].legend(
-      handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
-      fontsize=9,
-    )  # fmt: skip
+  for row_axes, handles, labels in legends:
+    if len(families) == 1 and len(labels) > 8:  # below, not squeezing
+      fig.legend(
+        handles, labels, loc='upper center', bbox_to_anchor=(0.5, 0.0),
+        ncol=2 if len(settings) < 3 else 3, fontsize=9,
+      )  # fmt: skip
+    else:
+      row_axes[-1].legend(
+        handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
+        fontsize=9,
+      )  # fmt: skip
   fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
 
