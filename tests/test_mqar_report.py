@@ -133,7 +133,8 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       json.dump(config, f)
     with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
-      for step, acc in ((100, val / 2), (200, val)):
+      # width 32 still rising at its end (30 -> 60%), width 64 flat
+      for step, acc in ((100, val / 2 if width == 32 else val), (200, val)):
         f.write(json.dumps({'step': step, 'split': 'val', 'accuracy': acc}))
         f.write('\n')
     entries.append(
@@ -151,7 +152,8 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
   assert by[32]['choice'] == 'learning_rate=1e-2'
   assert by[64]['choice'] == 'learning_rate=1e-3'
   table = mqar_report.width_markdown(rows)
-  assert '| `mamba` | 55.0 (0.01) | 93.0 (0.001) |' in table
+  assert '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) |' in table
+  assert '`^` validation still rising at the last evaluation' in table
   paths = mqar_report.report([folder], str(tmp_path / 'out'))
   for path in paths:
     assert os.path.getsize(path) > 0, path
@@ -297,3 +299,11 @@ def test_many_models_are_drawn_in_two_families():
     f'm_{c}' for c in [*cores, 'no_such_core']
   ]
   assert mqar_report._families(rows[:8], names[:8]) == [('', names[:8])]
+
+
+def test_still_rising_is_a_last_point_above_every_earlier_one():
+  assert mqar_report.still_rising([(100, 10.0), (200, 30.0)])
+  assert not mqar_report.still_rising([(100, 10.0), (200, 10.5)])
+  # a late dip back to the plateau is not rising
+  assert not mqar_report.still_rising([(100, 40.0), (200, 20.0), (300, 40.5)])
+  assert not mqar_report.still_rising([(100, 10.0)])

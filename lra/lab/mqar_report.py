@@ -131,6 +131,19 @@ def val_points(workdir: str) -> list[tuple]:
   ]
 
 
+# A chosen run still rising: its last validation accuracy above every
+# earlier one by more than this many points.
+RISING_POINTS = 1.0
+
+
+def still_rising(vals: list[tuple]) -> bool:
+  """Whether a validation curve [(step, %)] was still rising when training
+  ended: its last point more than RISING_POINTS above every earlier one."""
+  if len(vals) < 2:
+    return False
+  return vals[-1][1] > max(v for _, v in vals[:-1]) + RISING_POINTS
+
+
 def _setting(model: str, label: str | None, config: dict) -> dict:
   """The fields every row shares: model, name, core (the registered
   attention core or mixer), form, width, seq_len, pairs."""
@@ -245,6 +258,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           test_range=best.get('test_range'),
           curve=dict(sorted(curve.items())),
           splits=splits,
+          rising=still_rising(val_points(best['workdir'])),
         )
       )
   if not rows:
@@ -345,7 +359,8 @@ def settings_of(rows):
 def width_markdown(rows: list[dict]) -> str:
   """Per training setting, one row per model: the test accuracy at the
   training shape at each width, with the learning rate chosen there on
-  validation; `*` marks a point whose grid has not all finished; with a
+  validation; `*` marks a point whose grid has not all finished, `^` one
+  whose chosen run was still rising when it ended (still_rising); with a
   seed grid (--grid seed=0,1) the mean over seeds, their range in
   brackets."""
   out = []
@@ -374,8 +389,18 @@ def width_markdown(rows: list[dict]) -> str:
         if r.get('seeds', 1) > 1 and r.get('test_range'):
           low, high = r['test_range']
           cell += f' [{100 * low:.1f}-{100 * high:.1f}, {r["seeds"]} seeds]'
-        cells.append(cell + ('' if r['complete'] else '*'))
+        cell += '' if r['complete'] else '*'
+        cells.append(cell + ('^' if r.get('rising') else ''))
       out.append('| ' + ' | '.join(cells) + ' |')
+    marks = [
+      '`*` grid unfinished (the best of the rates run so far)'
+      if any(not r['complete'] for r in at) else '',
+      f'`^` validation still rising at the last evaluation (more than '
+      f'{RISING_POINTS:g} point above every earlier one): the budget set '
+      'this point' if any(r.get('rising') for r in at) else '',
+    ]
+    if any(marks):
+      out += ['', '; '.join(m for m in marks if m) + '.']
     out.append('')
   return '\n'.join(out)
 
