@@ -273,13 +273,18 @@ def apply_spt(c):
   c.objective = 'masked_lm'
 
 
-def finalize(c, presets):
-  """Checks the preset names, applies `spt` and locks the config (a
-  misspelt key fails)."""
-  unknown = [p for p in presets if p not in PRESETS]
+def finalize(c, presets, task_presets=()):
+  """Checks the preset names (the common ones and the task file's own
+  `task_presets`), applies `spt` and locks the config (a misspelt key
+  fails)."""
+  valid = (*COMMON_PRESETS, *task_presets)
+  unknown = [p for p in presets if p not in valid]
   if unknown:
-    known = ', '.join((*PRESETS, *ALIASES))
-    raise ValueError(f'Unknown preset {unknown[0]!r}; known presets: {known}.')
+    known = ', '.join((*valid, *ALIASES))
+    raise ValueError(
+      f'Unknown preset {unknown[0]!r} for the {c.task} task; its presets: '
+      f'{known}.'
+    )
   if 'spt' in presets:
     apply_spt(c)
   c.preset = ','.join(presets)
@@ -289,7 +294,11 @@ def finalize(c, presets):
 
 # Preset names understood by every task file (each task defines what
 # `small` and `smoke` do; `spt` is apply_spt on top of them).
-PRESETS = ('small', 'smoke', 'spt')
+COMMON_PRESETS = ('small', 'smoke', 'spt')
+# A task file's own presets (passed to finalize; another task refuses them).
+TASK_PRESETS = {'mqar': ('zoology',)}
+# Every preset name a sweep may be given.
+PRESETS = (*COMMON_PRESETS, *(p for ps in TASK_PRESETS.values() for p in ps))
 # Shorthands: `small_spt` is `small,spt` (the config records 'small,spt').
 ALIASES = {'small_spt': ('small', 'spt'), 'smoke_spt': ('smoke', 'spt')}
 # Pretraining presets and the preset of their fine-tune (lra.lab.sweep).

@@ -112,6 +112,13 @@ def core_of(model_name):
   return model_entry(model_name)['name']
 
 
+def is_mixer_model(config):
+  """Whether the config's model.attention is a sequence mixer
+  (models/mixers/), not an attention core."""
+  name = config.model.attention.name
+  return registry.is_mixer(registry.get_core_class(name))
+
+
 def attention_defaults(model_name):
   """The model's `model.attention` block as a dict: 'name', every option of
   its core with its default, the model's MODELS entry over them."""

@@ -63,6 +63,20 @@ Presets:
     defaults they would equal softmax attention at this length.
   smoke: 1 layer, 16 wide, length 32, 4 pairs, vocabulary 64, short_conv 2,
     learned positions, test splits 16:2 and 64:8; seconds, for tests.
+  zoology (this task's own; implies small's sizes): Zoology's figure-2
+    block and recipe at small's sizes, `configs/mqar.py:<model>,zoology`
+    (OUT/mqar/<model>-zoology in a sweep: `--preset zoology`): 4 pairs at
+    length 64 (the figure's (64, 4)), test splits 64:8 and 64:16, the
+    mixer alone in each block (model.block=ssm: norm, mixer, residual; no
+    feed-forward, as Zoology's state_mixer Identity), no short_conv,
+    learned positions for attention cores and none for mixers, weight
+    decay 0.1, no warm-up, 4,000 steps evaluated every 250. Kept from
+    small: width 64, vocabulary 256, 20,000 training sequences, batch 64,
+    2 layers, lr 3e-3 (Zoology: vocabulary 8,192, 100,000 sequences,
+    batch 512, up to 64 epochs, the best of 4 rates). Measured
+    (docs/mqar/README.md): small's short_conv 2 keeps mamba, hyena and h3
+    (head_dim 1, 2) on the 1 / pairs plateau where this block lets them
+    recall.
 Only `small` and `smoke` use short_conv; the reference does not.
 
 dtype: on a GPU or TPU, add --config.dtype=bfloat16 as the default there
@@ -131,6 +145,8 @@ def get_config(arg=None):
   m.positions = 'learned'
   models.apply_model(c, model_name)
 
+  if 'zoology' in presets and 'small' not in presets:
+    presets = ['small', *presets]  # zoology is small's sizes, Zoology's block
   if 'small' in presets:
     d.update(
       dict(
@@ -166,6 +182,20 @@ def get_config(arg=None):
     # original MQAR attention models: no position embeddings either).
     m.positions = 'none'
     m.short_conv = 2
+  if 'zoology' in presets:
+    # Zoology's figure-2 block and recipe at `small`'s sizes (the preset
+    # docstring above); learned positions for attention cores only, as its
+    # attention (max_position_embeddings = seq_len) and mixers (0).
+    d.num_kv_pairs = 4
+    d.test_splits = '64:8,64:16'
+    m.block = 'ssm'
+    m.short_conv = 0
+    m.positions = 'none' if models.is_mixer_model(c) else 'learned'
+    c.weight_decay = 0.1
+    c.warmup_steps = 0
+    c.num_train_steps = 4000
+    c.eval_every_steps = 250
+    c.checkpoint_every_steps = 250
   if 'smoke' in presets:
     d.update(
       dict(
@@ -180,4 +210,4 @@ def get_config(arg=None):
     )
     base.apply_smoke(c, max_length=32)
     m.short_conv = 2
-  return base.finalize(c, presets)
+  return base.finalize(c, presets, base.TASK_PRESETS['mqar'])

@@ -372,3 +372,30 @@ def test_smoke_run_reports_every_test_split(tmp_path):
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
   assert {r['split'] for r in rows} >= {'test_16:2', 'test_64:8'}
+
+
+def test_zoology_preset_is_zoologys_block_at_small_sizes():
+  """configs/mqar.py:<model>,zoology: the mixer alone per block, no
+  short_conv, 4 pairs, Zoology's decay and no warm-up; positions for
+  attention cores only; another task refuses the preset in one sentence."""
+  from configs import listops  # pylint: disable=g-import-not-at-top
+  from configs import mqar as mqar_config  # pylint: disable=g-import-not-at-top
+
+  small = mqar_config.get_config('transformer,small')
+  for name, positions in (('transformer', 'learned'), ('mamba', 'none')):
+    c = mqar_config.get_config(f'{name},zoology')
+    assert c.preset == 'small,zoology'
+    assert (c.model.block, c.model.short_conv, c.model.positions) == (
+      'ssm', 0, positions
+    )
+    assert (c.weight_decay, c.warmup_steps, c.data.num_kv_pairs) == (0.1, 0, 4)
+    # small's sizes are kept
+    assert (c.model.emb_dim, c.data.seq_len, c.data.vocab_size) == (
+      small.model.emb_dim, small.data.seq_len, small.data.vocab_size
+    )
+  assert mqar_config.get_config('mamba,small,zoology').to_dict() == (
+    mqar_config.get_config('mamba,zoology').to_dict()
+  )
+  with pytest.raises(ValueError, match="Unknown preset 'zoology' for the "
+                     'listops task'):
+    listops.get_config('transformer,zoology')

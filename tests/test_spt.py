@@ -46,8 +46,8 @@ def test_unknown_preset_lists_the_aliases():
   with pytest.raises(ValueError) as e:
     config_of('listops', 'transformer,small_stp')
   assert str(e.value) == (
-    "Unknown preset 'small_stp'; known presets: small, smoke, spt, "
-    'small_spt, smoke_spt.'
+    "Unknown preset 'small_stp' for the listops task; its presets: small, "
+    'smoke, spt, small_spt, smoke_spt.'
   )
   assert base.parse_arg('local,small_spt,spt') == ('local', ['small', 'spt'])
 

@@ -16,7 +16,8 @@ resumes like any train.py run and shows in `python eval.py --table OUT`.
 
 --tasks and --models: names joined by commas, or 'all' (every task of
 lra/data/__init__.py; every model of configs/models.py), '-name' leaves one out
-(`--models all,-transformer_fused`). --preset: small, smoke, or none (the
+(`--models all,-transformer_fused`). --preset: small, smoke, zoology (mqar's
+own: Zoology's block at small's sizes), or none (the
 LRA reference configuration). --config.* overrides go to every run unchanged.
 
 Self-pretraining: --preset small_spt (or smoke_spt, spt; configs/base.py)
@@ -112,7 +113,8 @@ def define_flags() -> None:
     'preset',
     '',
     'small, smoke, small_spt (self-pretraining, then the fine-tune), '
-    'smoke_spt, spt or none (default: none, the reference).',
+    'smoke_spt, spt, zoology (mqar only: Zoology\'s block at small\'s '
+    'sizes, configs/mqar.py) or none (default: none, the reference).',
   )
   flags.DEFINE_string('out', None, 'Sweep folder: OUT/<task>/<model>[-preset].')
   flags.DEFINE_multi_string(
