@@ -207,9 +207,14 @@ def test_a_named_sweep_is_its_own_row_and_a_stopped_run_its_own_curve(
   text = open(paths[0]).read()
   assert (
     '| `zoo` | 64 | 128:8 | learning_rate=1e-3 | 1,600 of 4,000 | '
-    '97.0 (step 1,000) |' in text
+    '97.0 (step 1,000) | - |' in text
   )
   assert os.path.getsize(paths[3]) > 0
+  # eval.py's test of the best checkpoint, once run, joins the row
+  with open(os.path.join(workdir, 'eval_test_best.json'), 'w') as f:
+    json.dump({'accuracy': 0.9612, 'checkpoint': 'best', 'step': 1000}, f)
+  text = open(mqar_report.report(['zoo=' + stopped], str(tmp_path / 'e'))[0])
+  assert '97.0 (step 1,000) | 96.1 |' in text.read()
 
 
 def test_seeds_in_the_width_table(tmp_path):

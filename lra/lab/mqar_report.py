@@ -37,6 +37,7 @@ before the end" with its best validation accuracy.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -162,7 +163,9 @@ def _setting(model: str, label: str | None, config: dict) -> dict:
 def stopped_of(sweep_dirs: list[str]) -> list[dict]:
   """The sweeps' mqar runs stopped before their last step that logged a
   validation point: name, width, seq_len, pairs, workdir, steps_done,
-  num_train_steps, best_val (%), the step of that best."""
+  num_train_steps, best_val (%), the step of that best, test (%, of the
+  best checkpoint when `python eval.py --workdir W --split test` evaluated
+  it: W/eval_test_best.json; else None)."""
   out = []
   for item in sweep_dirs:
     label, _, entries = _entries(item)
@@ -183,26 +186,41 @@ def stopped_of(sweep_dirs: list[str]) -> list[dict]:
           best_val=best,
           best_step=step,
           choice=sweep_grid.label(tuple(e['grid'].items())),
+          test=_evaluated_test(e['workdir']),
         )
       )
   return out
+
+
+def _evaluated_test(workdir):
+  """Test accuracy (%) of eval.py's evaluation of the run's best
+  checkpoint (workdir/eval_test_best.json), or None."""
+  path = os.path.join(workdir, 'eval_test_best.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    accuracy = json.load(f).get('accuracy')
+  return None if accuracy is None else 100 * accuracy
 
 
 def stopped_markdown(stopped: list[dict]) -> str:
   if not stopped:
     return ''
   lines = [
-    'Stopped before the end (no test accuracy; validation only):',
+    'Stopped before the end (validation; test where `python eval.py '
+    '--workdir W --split test` evaluated the best checkpoint):',
     '',
-    '| run | width | L:pairs | grid | reached step | best validation (%) |',
-    '|---|---|---|---|---|---|',
+    '| run | width | L:pairs | grid | reached step | best validation (%) '
+    '| test at that checkpoint (%) |',
+    '|---|---|---|---|---|---|---|',
   ]
   for r in stopped:
+    test = r.get('test')
     lines.append(
       f'| `{_label(r)}` | {r["width"]} | {r["seq_len"]}:{r["pairs"]} | '
       f'{r["choice"] or "-"} | {r["steps_done"]:,} of '
       f'{r["num_train_steps"] or 0:,} | {r["best_val"]:.1f} (step '
-      f'{r["best_step"]:,}) |'
+      f'{r["best_step"]:,}) | {"-" if test is None else f"{test:.1f}"} |'
     )
   return '\n'.join(lines) + '\n'
 
