@@ -375,18 +375,21 @@ def test_smoke_run_reports_every_test_split(tmp_path):
 
 
 def test_zoology_preset_is_zoologys_block_at_small_sizes():
-  """configs/mqar.py:<model>,zoology: the mixer alone per block, no
-  short_conv, 4 pairs, Zoology's decay and no warm-up; positions for
-  attention cores only; another task refuses the preset in one sentence."""
+  """configs/mqar.py:<model>,zoology: the mixer alone per block, 4 pairs,
+  Zoology's decay and no warm-up; positions and short_conv for attention
+  cores only; another task refuses the preset in one sentence."""
   from configs import listops  # pylint: disable=g-import-not-at-top
   from configs import mqar as mqar_config  # pylint: disable=g-import-not-at-top
 
   small = mqar_config.get_config('transformer,small')
-  for name, positions in (('transformer', 'learned'), ('mamba', 'none')):
+  for name, conv, positions in (
+    ('transformer', 2, 'learned'),
+    ('mamba', 0, 'none'),
+  ):
     c = mqar_config.get_config(f'{name},zoology')
     assert c.preset == 'small,zoology'
     assert (c.model.block, c.model.short_conv, c.model.positions) == (
-      'ssm', 0, positions
+      'ssm', conv, positions
     )
     assert (c.weight_decay, c.warmup_steps, c.data.num_kv_pairs) == (0.1, 0, 4)
     # small's sizes are kept
