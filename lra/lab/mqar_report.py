@@ -477,6 +477,16 @@ def _families(rows, names):
   return [(title, group) for title, group in groups if group]
 
 
+def _label_panel(ax, xlabel, ylabel, title, family):
+  """An accuracy panel's labels, 0-100% range and grid; the family (a row
+  of _families) after the title."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_ylim(-2, 102)
+  ax.set_title(f'{title}: {family}' if family else title)
+  ax.grid(True, alpha=0.3)
+
+
 def width_plot(rows: list[dict], path: str) -> None:
   """Zoology's Figure 2 form: per training setting a panel of test
   accuracy against model width (log2 axis), one line per model; a hollow
@@ -522,12 +532,10 @@ def width_plot(rows: list[dict], path: str) -> None:
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
       ax.minorticks_off()
-      ax.set_xlabel('model width (emb_dim)')
-      ax.set_ylabel('test accuracy (%)')
-      ax.set_ylim(-2, 102)
-      title = f'MQAR: length {length}, {pairs} pairs'
-      ax.set_title(f'{title}: {family}' if family else title)
-      ax.grid(True, alpha=0.3)
+      _label_panel(
+        ax, 'model width (emb_dim)', 'test accuracy (%)',
+        f'MQAR: length {length}, {pairs} pairs', family,
+      )  # fmt: skip
     handles, labels = _shared_legend(row_axes)
     row_axes[-1].legend(
       handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
@@ -552,7 +560,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
   extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
-  families = _families([*rows, *stopped], list(dict.fromkeys(names)))
+  families = _families([*rows, *stopped], names)
   if len(families) > 1:  # a stopped run goes with its model's family
     family_of = {n: i for i, (_, group) in enumerate(families) for n in group}
     for r, name in zip(stopped, extra):
@@ -606,12 +614,10 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
           label=f'{_stopped_label(r, stopped)} (w{r["width"]}, stopped at '
           f'{r["steps_done"]:,} of {r["num_train_steps"] or 0:,})',
         )
-      ax.set_xlabel('training step')
-      ax.set_ylabel('validation accuracy (%)')
-      ax.set_ylim(-2, 102)
-      title = f'length {length}, {pairs} pairs'
-      ax.set_title(f'{title}: {family}' if family else title)
-      ax.grid(True, alpha=0.3)
+      _label_panel(
+        ax, 'training step', 'validation accuracy (%)',
+        f'length {length}, {pairs} pairs', family,
+      )  # fmt: skip
     legends.append((row_axes, *_shared_legend(row_axes)))
   fig.suptitle('MQAR validation curves (each model at its widest width)')
   fig.tight_layout()
