@@ -122,6 +122,7 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
     (32, '1e-2', 0.6, 0.55),
     (64, '1e-3', 0.95, 0.93),
     (64, '1e-2', 0.2, 0.2),
+    (128, '1e-3', 0.97, 0.96),  # a sweep run in pieces: one rate so far
   ]:
     workdir = os.path.join(folder, f'w{width}-{lr}')
     os.makedirs(workdir)
@@ -151,8 +152,10 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
   by = {r['width']: r for r in rows}
   assert by[32]['choice'] == 'learning_rate=1e-2'
   assert by[64]['choice'] == 'learning_rate=1e-3'
+  # every run finished, but width 128 has 1 of the 2 rates the others had
+  assert [by[w]['complete'] for w in (32, 64, 128)] == [True, True, False]
   table = mqar_report.width_markdown(rows)
-  assert '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) |' in table
+  assert '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) | 96.0 (0.001)* |' in table
   assert '`^` validation still rising at the last evaluation' in table
   paths = mqar_report.report([folder], str(tmp_path / 'out'))
   for path in paths:

@@ -10,8 +10,9 @@ reads each sweep folder's sweep.json (python -m lra.lab.sweep --tasks mqar
              best validation accuracy), how many grid runs finished (the
              choice is among those), and the test accuracy of that run
              at each number of key-value pairs at the training length, then
-             at the other extra test splits; a model whose runs have not all
-             finished is marked partial;
+             at the other extra test splits; a point whose runs have not all
+             finished, or that has fewer grid combinations than the sweep's
+             largest point (a sweep run in pieces), is marked partial;
   mqar.png   accuracy against the number of pairs at the training length
              (log2 axis), one line per model, one panel per width (Zoology,
              arXiv 2312.04927, plots recall against width and pairs).
@@ -71,9 +72,25 @@ def tuned_per_width(entries: list[dict]) -> list[dict]:
   widths = {}
   for e in entries:
     widths.setdefault(e['grid'].get(WIDTH), []).append(e)
-  return [
+  rows = [
     row for group in widths.values() for row in sweep_grid.tuned_rows(group)
   ]
+  # A sweep run in pieces (one `--grid` call per width or per few rates)
+  # lists at some points fewer rates than at others: such a point is not
+  # complete until it has every combination the largest point was given.
+  largest = max((len(_combinations(r['runs'])) for r in rows), default=0)
+  return [
+    dict(r, complete=r['complete'] and len(_combinations(r['runs'])) >= largest)
+    for r in rows
+  ]
+
+
+def _combinations(runs: list[dict]) -> set:
+  """The grid combinations (width aside) among a point's runs."""
+  return {
+    tuple(sorted((k, str(v)) for k, v in r['grid'].items() if k != WIDTH))
+    for r in runs
+  }
 
 
 def named_sweep(item: str) -> tuple[str | None, str]:
