@@ -123,6 +123,8 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
     (64, '1e-3', 0.95, 0.93),
     (64, '1e-2', 0.2, 0.2),
     (128, '1e-3', 0.97, 0.96),  # a sweep run in pieces: one rate so far
+    (256, '1e-3', 0.97, 0.97),
+    (256, '1e-2', None, None),  # diverged: tried, so the point is complete
   ]:
     workdir = os.path.join(folder, f'w{width}-{lr}')
     os.makedirs(workdir)
@@ -144,6 +146,11 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
         grid={'model.emb_dim': str(width), 'learning_rate': lr},
         status='done', val_accuracy=val, val_loss=1 - val,
         test_accuracy=test, test_splits={},
+      ) if val is not None else dict(
+        task='mqar', model='mamba', preset='small', workdir=workdir,
+        grid={'model.emb_dim': str(width), 'learning_rate': lr},
+        status='failed', message='error: Training stopped: the gradient '
+        'norm is not finite at step 74; no checkpoint had been saved yet',
       )
     )  # fmt: skip
   with open(os.path.join(folder, 'sweep.json'), 'w') as f:
@@ -153,9 +160,15 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
   assert by[32]['choice'] == 'learning_rate=1e-2'
   assert by[64]['choice'] == 'learning_rate=1e-3'
   # every run finished, but width 128 has 1 of the 2 rates the others had
-  assert [by[w]['complete'] for w in (32, 64, 128)] == [True, True, False]
+  assert [by[w]['complete'] for w in (32, 64, 128, 256)] == [
+    True, True, False, True
+  ]  # fmt: skip
   table = mqar_report.width_markdown(rows)
-  assert '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) | 96.0 (0.001)* |' in table
+  assert (
+    '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) | 96.0 (0.001)* | 97.0 (0.001)~ |'
+    in table
+  )
+  assert '`~` a rate of the grid diverged' in table
   assert '`^` validation still rising at the last evaluation' in table
   paths = mqar_report.report([folder], str(tmp_path / 'out'))
   for path in paths:

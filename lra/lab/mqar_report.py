@@ -78,11 +78,29 @@ def tuned_per_width(entries: list[dict]) -> list[dict]:
   # A sweep run in pieces (one `--grid` call per width or per few rates)
   # lists at some points fewer rates than at others: such a point is not
   # complete until it has every combination the largest point was given.
+  # A run stopped by a non-finite gradient was tried: the rate diverged
+  # (Zoology's grids count such a rate as a failed point, not a missing one).
   largest = max((len(_combinations(r['runs'])) for r in rows), default=0)
   return [
-    dict(r, complete=r['complete'] and len(_combinations(r['runs'])) >= largest)
+    dict(
+      r,
+      complete=all(
+        e.get('status') in ('done', 'skipped') or diverged(e)
+        for e in r['runs']
+      )
+      and len(_combinations(r['runs'])) >= largest,
+      diverged=sum(diverged(e) for e in r['runs']),
+    )
     for r in rows
   ]
+
+
+def diverged(entry: dict) -> bool:
+  """Whether a sweep run failed because its gradient went non-finite
+  (train.py stops such a run with that sentence)."""
+  return entry.get('status') == 'failed' and 'not finite' in (
+    entry.get('message') or ''
+  )
 
 
 def _combinations(runs: list[dict]) -> set:
@@ -286,6 +304,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
           learning_rate=(config.get('learning_rate')),
           workdir=best['workdir'],
           complete=tuned['complete'],
+          diverged=tuned['diverged'],
           finished=sum(
             e.get('status') in ('done', 'skipped') for e in tuned['runs']
           ),
@@ -394,7 +413,8 @@ def settings_of(rows):
 def width_markdown(rows: list[dict]) -> str:
   """Per training setting, one row per model: the test accuracy at the
   training shape at each width, with the learning rate chosen there on
-  validation; `*` marks a point whose grid has not all finished, `^` one
+  validation; `*` marks a point whose grid has not all finished, `~` one
+  where a rate diverged (the best of the others), `^` one
   whose chosen run was still rising when it ended (still_rising); with a
   seed grid (--grid seed=0,1) the mean over seeds, their range in
   brackets."""
@@ -425,11 +445,14 @@ def width_markdown(rows: list[dict]) -> str:
           low, high = r['test_range']
           cell += f' [{100 * low:.1f}-{100 * high:.1f}, {r["seeds"]} seeds]'
         cell += '' if r['complete'] else '*'
+        cell += '~' if r.get('diverged') else ''
         cells.append(cell + ('^' if r.get('rising') else ''))
       out.append('| ' + ' | '.join(cells) + ' |')
     marks = [
       '`*` grid unfinished (the best of the rates run so far)'
       if any(not r['complete'] for r in at) else '',
+      '`~` a rate of the grid diverged (non-finite gradient; the best of '
+      'the others)' if any(r.get('diverged') for r in at) else '',
       f'`^` validation still rising at the last evaluation (more than '
       f'{RISING_POINTS:g} point above every earlier one): the budget set '
       'this point' if any(r.get('rising') for r in at) else '',
@@ -447,13 +470,15 @@ def _label(r):
 
 def _styles(names):
   """{name: (colour, marker, linestyle)} from the project's one palette
-  (lra/lab/plotstyle.py: tab10, then line styles and markers past 8)."""
+  (lra/lab/plotstyle.py: tab10, then line styles past 8); a marker each
+  always, so that the series are told apart without colour too."""
   from lra.lab import plotstyle  # pylint: disable=g-import-not-at-top
 
   return {
-    n: (st['color'], st['marker'], st['linestyle'])
-    for n, st in plotstyle.series_styles(names, marker='o').items()
-  }
+    n: (st['color'], plotstyle.MARKERS[i % len(plotstyle.MARKERS)],
+        st['linestyle'])
+    for i, (n, st) in enumerate(plotstyle.series_styles(names).items())
+  }  # fmt: skip
 
 
 def _shared_legend(axes):
