@@ -7,4 +7,10 @@ keep writing `from lra.errors import UserError`.
 
 from models.errors import UserError
 
-__all__ = ['UserError']
+# How the sentence of a run stopped by a non-finite loss, gradient or
+# parameter norm begins (lra/train/loop.py non_finite_error); a sweep's
+# record of a failed run (sweep.json `message`) is read by it to tell a
+# diverged learning rate from a crash (lra/lab/mqar_report.py).
+NON_FINITE_STOP = 'Training stopped: '
+
+__all__ = ['NON_FINITE_STOP', 'UserError']

@@ -94,6 +94,16 @@ def test_tuned_choice_ties_and_partial():
   assert '| learning_rate=1e-2 (partial) | 90.00% | 90.00% | 45.00% |' in line
   assert 'learning_rate=3e-2: failed' in line
   assert text.splitlines()[0].count('test 256:16') == 1
+  # A rate stopped by train.py's non-finite check was tried: it diverged.
+  runs[-1]['message'] = (
+    'error: Training stopped: the parameters diverged (their norm '
+    'overflows) at step 12; no checkpoint had been saved yet; ...'
+  )
+  (row,) = sweep_grid.tuned_rows(runs)
+  assert (row['complete'], row['diverged']) == (True, 1)
+  line = sweep_grid.tuned_markdown(runs).splitlines()[2]
+  assert '| learning_rate=1e-2 | 90.00% |' in line
+  assert 'learning_rate=3e-2: diverged' in line
 
 
 def test_bad_grid_value_and_spt_are_refused(tmp_path):

@@ -78,29 +78,11 @@ def tuned_per_width(entries: list[dict]) -> list[dict]:
   # A sweep run in pieces (one `--grid` call per width or per few rates)
   # lists at some points fewer rates than at others: such a point is not
   # complete until it has every combination the largest point was given.
-  # A run stopped by a non-finite gradient was tried: the rate diverged
-  # (Zoology's grids count such a rate as a failed point, not a missing one).
   largest = max((len(_combinations(r['runs'])) for r in rows), default=0)
   return [
-    dict(
-      r,
-      complete=all(
-        e.get('status') in ('done', 'skipped') or diverged(e)
-        for e in r['runs']
-      )
-      and len(_combinations(r['runs'])) >= largest,
-      diverged=sum(diverged(e) for e in r['runs']),
-    )
+    dict(r, complete=r['complete'] and len(_combinations(r['runs'])) >= largest)
     for r in rows
   ]
-
-
-def diverged(entry: dict) -> bool:
-  """Whether a sweep run failed because its gradient went non-finite
-  (train.py stops such a run with that sentence)."""
-  return entry.get('status') == 'failed' and 'not finite' in (
-    entry.get('message') or ''
-  )
 
 
 def _combinations(runs: list[dict]) -> set:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 
-from lra.errors import UserError
+from lra.errors import NON_FINITE_STOP, UserError
 
 GRID_EXAMPLE = '--grid learning_rate=1e-3,3e-3,1e-2'
 
@@ -173,7 +173,9 @@ def groups(entries: list[dict]) -> dict:
 
 def tuned_rows(entries: list[dict]) -> list[dict]:
   """One dict per (task, model, preset) with a grid: best (its entry, or
-  None), runs (every entry), complete (all finished)."""
+  None), runs (every entry), complete (every run finished or diverged: a
+  diverged combination was tried, and Zoology-style grids count it as a
+  failed point, not a missing one), diverged (how many)."""
   rows = []
   for (task, model, preset), runs in groups(entries).items():
     rows.append(
@@ -183,10 +185,22 @@ def tuned_rows(entries: list[dict]) -> list[dict]:
         preset=preset,
         best=best_of(runs),
         runs=runs,
-        complete=all(r.get('status') in ('done', 'skipped') for r in runs),
+        complete=all(
+          r.get('status') in ('done', 'skipped') or diverged(r) for r in runs
+        ),
+        diverged=sum(diverged(r) for r in runs),
       )
     )
   return rows
+
+
+def diverged(entry: dict) -> bool:
+  """Whether a sweep run failed because its loss, gradient or parameters
+  went non-finite (train.py stops such a run with NON_FINITE_STOP's
+  sentence, which the sweep records as its message)."""
+  return entry.get('status') == 'failed' and NON_FINITE_STOP in (
+    entry.get('message') or ''
+  )
 
 
 def with_range(value, entry, key):
@@ -204,7 +218,11 @@ def with_range(value, entry, key):
 def _tried(entry):
   """'learning_rate=1e-3: 97.10%' (or the run's status when unfinished)."""
   done = entry.get('status') in ('done', 'skipped')
-  result = _percent(entry.get('val_accuracy')) if done else entry.get('status')
+  result = (
+    _percent(entry.get('val_accuracy'))
+    if done
+    else 'diverged' if diverged(entry) else entry.get('status')
+  )
   return f'{label(tuple((entry.get("grid") or {}).items()))}: {result}'
 
 

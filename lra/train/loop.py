@@ -26,7 +26,7 @@ from ml_collections import ConfigDict
 import numpy as np
 
 from lra import data as tasks
-from lra.errors import UserError
+from lra.errors import NON_FINITE_STOP, UserError
 from lra.train import (
   batching,
   curriculum,
@@ -423,7 +423,7 @@ def non_finite_error(
     '--config.grad_clip_norm=1 to start again'
   )
   return UserError(
-    f'Training stopped: {e.args[1]} at step {e.args[0]}; {kept}.'
+    f'{NON_FINITE_STOP}{e.args[1]} at step {e.args[0]}; {kept}.'
   )
 
 
