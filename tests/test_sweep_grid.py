@@ -206,3 +206,57 @@ def test_seeds_choose_by_the_mean_and_report_their_range():
     for r in runs[:4]
   ]
   assert sweep_grid.best_of(plain)['val_accuracy'] == 0.9
+
+
+# run_config: ml_collections loads a config file by load_module (deprecated).
+@pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning')
+def test_a_diverged_run_is_skipped_while_its_config_is_unchanged(
+  tmp_path, monkeypatch
+):
+  """A rerun of the sweep does not train a run that diverged again (the
+  same seed diverges again); --retry_diverged, or a changed config, does."""
+  from lra.errors import NON_FINITE_STOP
+  from lra.lab import sweep_run
+  from lra.train import rundir
+
+  out = str(tmp_path)
+  (run,) = plan(
+    'listops',
+    'local',
+    'smoke',
+    out,
+    catalogue=sweep.catalogue(),
+    grid=(('learning_rate', ('1',)),),
+  )
+  config, _ = sweep_plan.run_config(run)
+  rundir.write_config(config, run.workdir)
+  message = f'{NON_FINITE_STOP}the loss at step 3; no checkpoint ...'
+  before = {
+    'name': run.name,
+    'status': 'failed',
+    'exit_status': 1,
+    'message': message,
+    'wall_seconds': 5.0,
+  }
+  with open(os.path.join(out, 'sweep.json'), 'w') as f:
+    json.dump({'command': 'x', 'runs': [before]}, f)
+  trained = []
+
+  def fake_train(self, r):
+    trained.append(r.name)
+    return 1, 1.0, message
+
+  monkeypatch.setattr(sweep_run.Sweep, '_train', fake_train)
+  entry = sweep_run.Sweep([run], out)._one(run, 1, 1)
+  assert trained == []
+  assert entry['status'] == 'failed' and entry['message'] == message
+  assert sweep_grid.diverged(entry)
+  # --retry_diverged trains it.
+  sweep_run.Sweep([run], out, retry_diverged=True)._one(run, 1, 1)
+  assert trained == [run.name]
+  # So does a changed config (the saved one differs).
+  config.unlock()
+  config.seed += 1
+  rundir.write_config(config, run.workdir)
+  sweep_run.Sweep([run], out)._one(run, 1, 1)
+  assert trained == [run.name, run.name]

@@ -534,7 +534,8 @@ def measure(row, config, task, shardings, num_steps, warmup, **kwargs):
 
   start = time.perf_counter()
   # The step train.py's loop runs: its key drawn inside from (seed, step),
-  # masked_lm's masks too (lra.train.objectives.in_step), one packed metrics row.
+  # masked_lm's masks too (lra.train.objectives.in_step), one packed metrics
+  # row.
   train_step = steps.make_train_step(
     graphdef,
     objectives.in_step(config, task),

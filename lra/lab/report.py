@@ -427,7 +427,8 @@ def pretraining_table(runs_dir):
     return None
   lines = [
     "Pretraining runs (an LM objective on the task's own inputs, no "
-    'labels; lra/train/objectives.py): the checkpoint of lowest validation loss, '
+    'labels; lra/train/objectives.py): the checkpoint of lowest validation '
+    'loss, '
     'its validation and test loss, test token accuracy (%) over the '
     'positions counted and test perplexity (causal_lm).',
     '',

@@ -113,7 +113,7 @@ def define_flags() -> None:
     'preset',
     '',
     'small, smoke, small_spt (self-pretraining, then the fine-tune), '
-    'smoke_spt, spt, zoology (mqar only: Zoology\'s block at small\'s '
+    "smoke_spt, spt, zoology (mqar only: Zoology's block at small's "
     'sizes, configs/mqar.py) or none (default: none, the reference).',
   )
   flags.DEFINE_string('out', None, 'Sweep folder: OUT/<task>/<model>[-preset].')
@@ -136,6 +136,14 @@ def define_flags() -> None:
     'off). For small models on an accelerator, e.g. MQAR grids: one H200 '
     'ran 10 MQAR `small` trainings at once at 70-130 steps/s each.',
     lower_bound=1,
+  )
+  flags.DEFINE_bool(
+    'retry_diverged',
+    False,
+    'Run again a run that an earlier sweep into --out stopped on a '
+    'non-finite loss, gradient or parameter norm (default: skip it while '
+    'its config is unchanged: the same seed diverges again; a grid counts '
+    'it as tried).',
   )
   flags.DEFINE_string(
     'bench',
@@ -243,7 +251,8 @@ def execute(runs, module: str) -> int | None:
   validate.check_dir(f.out, '--out')
   command = shlex.join(['python', '-m', module, *sys.argv[1:]])
   jobs = f['jobs'].value if 'jobs' in f else 1
-  return Sweep(runs, f.out, command, jobs=jobs).run()
+  retry = f['retry_diverged'].value if 'retry_diverged' in f else False
+  return Sweep(runs, f.out, command, jobs=jobs, retry_diverged=retry).run()
 
 
 def main(argv: list[str]) -> None:

@@ -112,11 +112,18 @@ def outcome(workdir: str) -> dict:
 def finished(run: Run, config) -> bool:
   """True when run.workdir holds a finished run of exactly `config`."""
   results = rundir.read_results(run.workdir)
-  saved = rundir.read_config(run.workdir)
-  if config is None or not results or saved is None:
+  if config is None or not results:
     return False
   steps = results.get('last_step') or rundir.latest_step(run.workdir)
   if steps < config.num_train_steps:
+    return False
+  return same_config(run, config)
+
+
+def same_config(run: Run, config) -> bool:
+  """True when run.workdir's saved config is exactly `config`."""
+  saved = rundir.read_config(run.workdir)
+  if config is None or saved is None:
     return False
   old = flatten(rundir.without_changes(saved))
   new = flatten(json.loads(config.to_json()))
@@ -191,9 +198,10 @@ class Sweep:
   """Runs the planned runs, `jobs` at a time (default one); forwards Ctrl-C
   to the running ones."""
 
-  def __init__(self, runs, out, command='', jobs=1):
+  def __init__(self, runs, out, command='', jobs=1, retry_diverged=False):
     self.runs, self.out, self.command = runs, out, command
     self.jobs = max(1, int(jobs))
+    self.retry_diverged = retry_diverged
     self.stops = 0
     self.children = set()
     self.lock = threading.RLock()  # entries, children, sweep.json
@@ -317,6 +325,27 @@ class Sweep:
     if finished(run, config):
       entry = self._entry(run, 'skipped', num_train_steps=steps)
       _print(f'{head} skipped, already finished ({result_text(entry)})')
+      return entry
+    before = self.entries.get(run.name)
+    if (
+      before
+      and not self.retry_diverged
+      and sweep_grid.diverged(before)
+      and same_config(run, config)
+    ):
+      # The same config and seed diverge again (deterministic runs): a
+      # grid counts the combination as tried (sweep_grid.tuned_rows).
+      entry = self._entry(
+        run,
+        'failed',
+        exit_status=before.get('exit_status'),
+        message=before.get('message'),
+        num_train_steps=steps,
+      )
+      _print(
+        f'{head} skipped, diverged in an earlier sweep ({entry["message"]}) '
+        f'Pass --retry_diverged, or delete {run.workdir}, to run it again.'
+      )
       return entry
     if self.stops:  # Ctrl-C came while checking: start nothing
       return None
