@@ -8,6 +8,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 import pytest
 
@@ -66,6 +67,8 @@ def records(run_dir):
       pos += block - pos % block
       continue
     length, kind = struct.unpack('<HB', data[pos + 4 : pos + 7])
+    if pos + 7 + length > len(data):  # a piece still being written
+      return
     record += data[pos + 7 : pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):  # a whole record, or the last piece of one
@@ -83,9 +86,23 @@ def items(update):
   }
 
 
+def finished_records(run_dir, timeout=120.0):
+  """The run's records once its last one, the exit record, is on disk:
+  run.finish() returns before wandb's service process has written the
+  file out (seen under load: the records of the last steps came later)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    found = list(records(run_dir))
+    if found and found[-1].HasField('exit') or time.monotonic() > deadline:
+      return found
+    time.sleep(0.2)
+
+
 def history(run_dir):
   return [
-    items(r.history.item) for r in records(run_dir) if r.HasField('history')
+    items(r.history.item)
+    for r in finished_records(run_dir)
+    if r.HasField('history')
   ]
 
 
