@@ -164,6 +164,7 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
     True, True, False, True
   ]  # fmt: skip
   table = mqar_report.width_markdown(rows)
+  assert '(learning rate chosen on validation among 1e-3, 1e-2).' in table
   assert (
     '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) | 96.0 (0.001)* | 97.0 (0.001)~ |'
     in table

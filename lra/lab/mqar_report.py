@@ -93,6 +93,14 @@ def _combinations(runs: list[dict]) -> set:
   }
 
 
+def _rates(runs: list[dict]) -> tuple[str, ...]:
+  """The learning rates of a point's grid (as the --grid gave them),
+  lowest first; () when the grid has no learning_rate."""
+  rates = {str(r['grid']['learning_rate']) for r in runs
+           if 'learning_rate' in (r.get('grid') or {})}  # fmt: skip
+  return tuple(sorted(rates, key=float))
+
+
 def named_sweep(item: str) -> tuple[str | None, str]:
   """'LABEL=FOLDER' -> (LABEL, FOLDER); a plain folder -> (None, FOLDER)."""
   label, sep, folder = item.partition('=')
@@ -284,6 +292,7 @@ def rows_of(sweep_dirs: list[str]) -> list[dict]:
             tuple((k, v) for k, v in best['grid'].items() if k != WIDTH)
           ),
           learning_rate=(config.get('learning_rate')),
+          rates=_rates(tuned['runs']),
           workdir=best['workdir'],
           complete=tuned['complete'],
           diverged=tuned['diverged'],
@@ -404,9 +413,11 @@ def width_markdown(rows: list[dict]) -> str:
   for length, pairs in settings_of(rows):
     at = [r for r in rows if (r['seq_len'], r['pairs']) == (length, pairs)]
     widths = sorted({r['width'] for r in at})
+    rates = sorted({x for r in at for x in r.get('rates', ())}, key=float)
+    among = f' among {", ".join(rates)}' if rates else ''
     out.append(
       f'Length {length}, {pairs} key-value pairs: test accuracy (%)'
-      ' at each width (learning rate chosen on validation).\n'
+      f' at each width (learning rate chosen on validation{among}).\n'
     )
     head = ['model'] + [f'width {w}' for w in widths]
     out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -432,12 +443,17 @@ def width_markdown(rows: list[dict]) -> str:
       out.append('| ' + ' | '.join(cells) + ' |')
     marks = [
       '`*` grid unfinished (the best of the rates run so far)'
-      if any(not r['complete'] for r in at) else '',
+      if any(not r['complete'] for r in at)
+      else '',
       '`~` a rate of the grid diverged (non-finite gradient; the best of '
-      'the others)' if any(r.get('diverged') for r in at) else '',
+      'the others)'
+      if any(r.get('diverged') for r in at)
+      else '',
       f'`^` validation still rising at the last evaluation (more than '
       f'{RISING_POINTS:g} point above every earlier one): the budget set '
-      'this point' if any(r.get('rising') for r in at) else '',
+      'this point'
+      if any(r.get('rising') for r in at)
+      else '',
     ]
     if any(marks):
       out += ['', '; '.join(m for m in marks if m) + '.']
@@ -536,8 +552,7 @@ def width_plot(rows: list[dict], path: str) -> None:
         pts = sorted(
           (r['width'], 100 * (r['curve'].get(pairs) or 0.0), r['complete'])
           for r in rows
-          if _label(r) == name
-          and (r['seq_len'], r['pairs']) == (length, pairs)
+          if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
         )
         if not pts:
           continue
@@ -606,8 +621,7 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
         mine = [
           r
           for r in rows
-          if _label(r) == name
-          and (r['seq_len'], r['pairs']) == (length, pairs)
+          if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
         ]
         if not mine:
           continue
