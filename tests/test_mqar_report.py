@@ -165,6 +165,12 @@ def test_width_axis_tunes_each_width_and_plots(tmp_path):
   ]  # fmt: skip
   table = mqar_report.width_markdown(rows)
   assert '(learning rate chosen on validation among 1e-3, 1e-2).' in table
+  # 32 chose 1e-2; 64, 256 chose 1e-3; 128 has one rate (not counted)
+  assert (
+    '1 of 3 points chose the highest rate of their grid and 2 of 3 points '
+    'chose the lowest rate of their grid: a better rate may lie beyond the '
+    'grid there.' in table
+  )
   assert (
     '| `mamba` | 55.0 (0.01)^ | 93.0 (0.001) | 96.0 (0.001)* | 97.0 (0.001)~ |'
     in table

@@ -457,8 +457,33 @@ def width_markdown(rows: list[dict]) -> str:
     ]
     if any(marks):
       out += ['', '; '.join(m for m in marks if m) + '.']
+    edges = grid_edges(at)
+    if edges:
+      out += ['', edges]
     out.append('')
   return '\n'.join(out)
+
+
+def grid_edges(at: list[dict]) -> str:
+  """One sentence: how many complete points chose the highest (lowest)
+  learning rate of their grid, where a better rate may lie beyond it (''
+  when none, or the grid has fewer than two rates)."""
+  top = bottom = n = 0
+  for r in at:
+    rates = [float(x) for x in r.get('rates', ())]
+    if len(rates) < 2 or not r.get('learning_rate') or not r['complete']:
+      continue
+    n += 1
+    top += r['learning_rate'] == max(rates)
+    bottom += r['learning_rate'] == min(rates)
+  if not top and not bottom:
+    return ''
+  parts = [
+    f'{count} of {n} points chose the {which} rate of their grid'
+    for count, which in ((top, 'highest'), (bottom, 'lowest'))
+    if count
+  ]
+  return ' and '.join(parts) + ': a better rate may lie beyond the grid there.'
 
 
 def _label(r):
