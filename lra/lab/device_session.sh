@@ -79,7 +79,7 @@ if [ -n "${GRID:-}" ]; then
     --preset small --out "runs/gpu/grid_${GL}x${GP}" --jobs "${JOBS:-12}" \
     --models "${GRID_MODELS:-transformer,based,gla,deltanet,linear_transformer,local,performer,reformer,bigbird,s4d,retnet,s5,h3,hyena,mamba2,mamba}" \
     --grid model.emb_dim=128,64,32 \
-    --grid learning_rate=1e-4,3.2e-4,1e-3,3.2e-3,1e-2 \
+    --grid learning_rate=1e-4,3.2e-4,1e-3,3.2e-3,1e-2,3.2e-2 \
     --config.data.seq_len="$GL" --config.data.num_kv_pairs="$GP" \
     --config.num_train_steps="${GRID_STEPS:-500}" \
     ${GRID_SPLITS:+--config.data.test_splits=$GRID_SPLITS} \
