@@ -96,8 +96,8 @@ def _combinations(runs: list[dict]) -> set:
 def _rates(runs: list[dict]) -> tuple[str, ...]:
   """The learning rates of a point's grid (as the --grid gave them),
   lowest first; () when the grid has no learning_rate."""
-  rates = {str(r['grid']['learning_rate']) for r in runs
-           if 'learning_rate' in (r.get('grid') or {})}  # fmt: skip
+  grids = [r.get('grid') or {} for r in runs]
+  rates = {str(g['learning_rate']) for g in grids if 'learning_rate' in g}
   return tuple(sorted(rates, key=float))
 
 
