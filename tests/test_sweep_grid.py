@@ -211,12 +211,13 @@ def test_seeds_choose_by_the_mean_and_report_their_range():
 # run_config: ml_collections loads a config file by load_module (deprecated).
 @pytest.mark.filterwarnings('ignore:the load_module:DeprecationWarning')
 def test_a_diverged_run_is_skipped_while_its_config_is_unchanged(
-  tmp_path, monkeypatch
+  tmp_path, monkeypatch, capsys
 ):
   """A rerun of the sweep does not train a run that diverged again (the
-  same seed diverges again); --retry_diverged, or a changed config, does."""
+  same seed diverges again), and --dry_run says so; --retry_diverged, or a
+  changed config, trains it."""
   from lra.errors import NON_FINITE_STOP
-  from lra.lab import sweep_run
+  from lra.lab import sweep_estimate, sweep_run
   from lra.train import rundir
 
   out = str(tmp_path)
@@ -251,6 +252,14 @@ def test_a_diverged_run_is_skipped_while_its_config_is_unchanged(
   assert trained == []
   assert entry['status'] == 'failed' and entry['message'] == message
   assert sweep_grid.diverged(entry)
+  # The dry run shows the same skip, and counts the run as skipped.
+  capsys.readouterr()
+  sweep_estimate.dry_run([run], None, probe=False, out=out)
+  shown = capsys.readouterr().out
+  assert 'diverged in an earlier sweep, would be skipped' in shown
+  assert '(1 skipped)' in shown
+  sweep_estimate.dry_run([run], None, probe=False, out=out, retry_diverged=True)
+  assert 'would be skipped' not in capsys.readouterr().out
   # --retry_diverged trains it.
   sweep_run.Sweep([run], out, retry_diverged=True)._one(run, 1, 1)
   assert trained == [run.name]

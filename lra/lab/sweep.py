@@ -241,17 +241,17 @@ def execute(runs, module: str) -> int | None:
   """--dry_run prints the runs (None); else runs them into --out and
   returns the sweep's exit status (a sweep's, a probe's command line)."""
   f = flags.FLAGS
+  retry = f['retry_diverged'].value if 'retry_diverged' in f else False
   if f.dry_run:
     probe = f['probe'].value if 'probe' in f else True
     seconds = f['probe_seconds'].value if 'probe_seconds' in f else 2.0
-    dry_run(runs, f.bench, probe, seconds)
+    dry_run(runs, f.bench, probe, seconds, out=f.out, retry_diverged=retry)
     return None
   if f.bench:
     raise UserError('--bench is read by --dry_run only; add --dry_run.')
   validate.check_dir(f.out, '--out')
   command = shlex.join(['python', '-m', module, *sys.argv[1:]])
   jobs = f['jobs'].value if 'jobs' in f else 1
-  retry = f['retry_diverged'].value if 'retry_diverged' in f else False
   return Sweep(runs, f.out, command, jobs=jobs, retry_diverged=retry).run()
 
 

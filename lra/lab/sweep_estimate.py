@@ -16,7 +16,13 @@ import os
 from lra import data as tasks
 from lra.errors import UserError
 from lra.lab.sweep_plan import Run, run_config
-from lra.lab.sweep_run import duration, finished, measured_rate
+from lra.lab.sweep_run import (
+  diverged_before,
+  duration,
+  earlier_entries,
+  finished,
+  measured_rate,
+)
 from lra.train import rundir
 
 DEFAULT_BENCH = os.path.join('runs', 'bench', 'benchmark.json')
@@ -133,10 +139,15 @@ def dry_run(
   bench_path: str | None,
   probe: bool = True,
   probe_seconds: float = 2.0,
+  out: str | None = None,
+  retry_diverged: bool = False,
 ) -> None:
   """Prints each run's command and estimated training time; writes nothing.
   A run with neither a measured rate nor a benchmark row is probed
-  (`probe`: sweep_probe, about `probe_seconds` of steps after compiling)."""
+  (`probe`: sweep_probe, about `probe_seconds` of steps after compiling).
+  A run that diverged in an earlier sweep into `out` is shown as skipped,
+  as the sweep would skip it (unless `retry_diverged`)."""
+  earlier = {} if out is None or retry_diverged else earlier_entries(out)
   combos = {r.grid for r in runs}
   gridded = len(combos) > 1 and all(r.grid for r in runs)
   per = f' ({len(combos)} grid combinations each)' if gridded else ''
@@ -171,6 +182,12 @@ def dry_run(
     elif finished(run, config):
       _print(f'{head} finished, would be skipped')
       skipped += 1
+    elif diverged_before(run, config, earlier.get(run.name)):
+      _print(
+        f'{head} diverged in an earlier sweep, would be skipped '
+        '(--retry_diverged runs it again)'
+      )
+      skipped += 1
     else:
       left = config.num_train_steps - rundir.latest_step(run.workdir)
       rate, source = estimate(run, config, bench)
@@ -196,7 +213,7 @@ def dry_run(
         _print(f'{head} {left} steps, time unknown ({source})')
     _print(f'  {run.command()}')
   counted = len(runs) - unknown - skipped
-  tail = [f'{skipped} finished'] if skipped else []
+  tail = [f'{skipped} skipped'] if skipped else []
   tail += [f'{unknown} unknown'] if unknown else []
   tail += [f'{num_probed} probed'] if num_probed else []
   spread = ''

@@ -137,6 +137,25 @@ def same_config(run: Run, config) -> bool:
   return old == new
 
 
+def earlier_entries(out: str) -> dict:
+  """{run name: entry} of the sweep.json an earlier sweep wrote into `out`
+  ({} when there is none)."""
+  previous = rundir.read_json(os.path.join(out, 'sweep.json'))
+  if not isinstance(previous, dict):
+    return {}
+  return {e['name']: e for e in previous.get('runs', []) if 'name' in e}
+
+
+def diverged_before(run: Run, config, before: dict | None) -> bool:
+  """Whether `before` (the run's entry in an earlier sweep) diverged with
+  exactly `config`: the same config and seed diverge again (deterministic
+  runs), so a sweep skips it and a grid counts it as tried
+  (sweep_grid.tuned_rows)."""
+  return bool(
+    before and sweep_grid.diverged(before) and same_config(run, config)
+  )
+
+
 def duration(seconds: float) -> str:
   """'42s', '9m 21s', '2h 05m'."""
   seconds = int(round(seconds))
@@ -207,10 +226,7 @@ class Sweep:
     self.lock = threading.RLock()  # entries, children, sweep.json
     self.entries = {}
     self.handled = set()  # runs this invocation reached
-    previous = rundir.read_json(os.path.join(out, 'sweep.json'))
-    if isinstance(previous, dict):
-      for entry in previous.get('runs', []):
-        self.entries[entry['name']] = entry
+    self.entries.update(earlier_entries(out))
 
   # ---- signals
   def _on_signal(self, signum, frame):
@@ -326,15 +342,8 @@ class Sweep:
       entry = self._entry(run, 'skipped', num_train_steps=steps)
       _print(f'{head} skipped, already finished ({result_text(entry)})')
       return entry
-    before = self.entries.get(run.name)
-    if (
-      before
-      and not self.retry_diverged
-      and sweep_grid.diverged(before)
-      and same_config(run, config)
-    ):
-      # The same config and seed diverge again (deterministic runs): a
-      # grid counts the combination as tried (sweep_grid.tuned_rows).
+    before = None if self.retry_diverged else self.entries.get(run.name)
+    if diverged_before(run, config, before):
       entry = self._entry(
         run,
         'failed',
