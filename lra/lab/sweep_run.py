@@ -224,9 +224,8 @@ class Sweep:
     self.stops = 0
     self.children = set()
     self.lock = threading.RLock()  # entries, children, sweep.json
-    self.entries = {}
+    self.entries = earlier_entries(out)
     self.handled = set()  # runs this invocation reached
-    self.entries.update(earlier_entries(out))
 
   # ---- signals
   def _on_signal(self, signum, frame):
