@@ -45,7 +45,7 @@ import sys
 from absl import app, flags
 
 from lra.errors import UserError
-from lra.lab import sweep_grid
+from lra.lab import sweep_archive, sweep_grid
 from lra.train import cli, rundir
 from lra.train.metrics import read_rows
 
@@ -132,7 +132,11 @@ def _entries(item: str) -> tuple[str | None, str, list[dict]]:
       'a finished python -m lra.lab.sweep --tasks mqar run.'
     )
   entries = [
-    dict(e, grid=e.get('grid') or {})
+    dict(
+      e,
+      grid=e.get('grid') or {},
+      workdir=sweep_archive.resolve(folder, e.get('workdir')),
+    )
     for e in sweep.get('runs', [])
     if e.get('task') == 'mqar'
     and all(str((e.get('grid') or {}).get(k)) == v for k, v in wanted.items())
@@ -754,7 +758,10 @@ def main(argv: list[str]) -> None:
 
 if __name__ == '__main__':
   flags.DEFINE_string(
-    'sweeps', None, 'Sweep folders (python -m lra.lab.sweep --out), commas.'
+    'sweeps',
+    None,
+    'Sweep folders (python -m lra.lab.sweep --out) or their archives '
+    '(python -m lra.lab.sweep_archive --out), commas.',
   )
   flags.DEFINE_string('out', 'docs/mqar', 'Folder for mqar.md and mqar.png.')
   app.run(main, flags_parser=cli.parse_flags)
