@@ -100,3 +100,19 @@ def test_bad_folders_are_one_sentence(tmp_path):
     sweep_archive.archive(str(tmp_path), str(tmp_path / 'out'))
   with pytest.raises(UserError, match='give another --out'):
     sweep_archive.archive(str(tmp_path), str(tmp_path))
+
+
+def test_committed_archive_gives_the_committed_table():
+  """docs/mqar/128x16_c/mqar.md is what mqar_report makes of the archive
+  committed beside it (its grid-edge line aside): the figure can be remade
+  on a fresh checkout."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  archive = os.path.join(root, 'docs', 'mqar', 'runs', '128x16_c')
+  rows = mqar_report.rows_of([archive])
+  assert len(rows) == 20
+  with open(os.path.join(root, 'docs', 'mqar', '128x16_c', 'mqar.md')) as f:
+    committed = f.read()
+  table = mqar_report.width_markdown(rows)
+  assert '| `deltanet` | - | 99.6 (0.0032) |' in table
+  kept = [ln for ln in table.splitlines() if 'highest rate' not in ln]
+  assert '\n'.join(kept).strip() in committed
