@@ -7,7 +7,7 @@ A sweep's run folders live where it ran (runs/ is not in git), and a fresh
 machine has none of them: archive them before that machine goes. DST gets
 SRC's sweep.json and, of each run it lists, the files the reports read
 (config.json, results.json, metrics.jsonl, eval_*.json), none of the
-checkpoints or logs (a 500-step MQAR run keeps about 10 kB). Each entry's
+checkpoints or logs (a 500-step MQAR run keeps about 5 kB). Each entry's
 workdir becomes relative to DST, so `python -m lra.lab.mqar_report --sweeps
 DST` reads DST wherever it lies, as it reads SRC.
 
@@ -25,6 +25,7 @@ import sys
 from absl import app, flags
 
 from lra.errors import UserError
+from lra.lab import sweep_run
 from lra.train import cli, rundir
 from lra.train.metrics import write_json
 
@@ -73,10 +74,9 @@ def archive(src: str, dst: str) -> tuple[int, int]:
   earlier = (
     _sweep_json(dst, '--out')
     if os.path.exists(os.path.join(dst, 'sweep.json'))
-    else {'runs': []}
+    else {}
   )
-  entries = {e['name']: e for e in earlier['runs'] if 'name' in e}
-  kept = len(entries)
+  entries = sweep_run.earlier_entries(dst)
   copied = 0
   for e in data['runs']:
     if 'name' not in e:
@@ -91,7 +91,6 @@ def archive(src: str, dst: str) -> tuple[int, int]:
       for pattern in KEPT:
         for path in glob.glob(os.path.join(source, pattern)):
           shutil.copy2(path, target)
-    kept -= name in entries
     entries[name] = dict(e, workdir=name)
     copied += 1
   commands = list(earlier.get('commands') or [])
@@ -104,7 +103,7 @@ def archive(src: str, dst: str) -> tuple[int, int]:
     {'command': data.get('command'), 'commands': commands,
      'runs': list(entries.values())},
   )  # fmt: skip
-  return copied, kept
+  return copied, len(entries) - copied
 
 
 def main(argv: list[str]) -> None:
