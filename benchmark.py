@@ -4,7 +4,7 @@ attention layer alone.
   python benchmark.py --out runs/bench          # every model, 1K-4K
   python benchmark.py --layer --models transformer,local --out runs/layer
 
-The measurement code and every flag are in lra/lab/benchmark.py (its
+The measurement code and every flag are in lra/bench/main.py (its
 docstring) and docs/benchmarking.md; this file is its entry point.
 """
 
@@ -21,8 +21,8 @@ if __name__ == '__main__':
     lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
   )
 
-# The measurement code is lra/lab/benchmark.py; this file is its entry point.
-from lra.lab.benchmark import run
+# The measurement code is lra/bench/main.py; this file is its entry point.
+from lra.bench.main import run
 
 if __name__ == '__main__':
   run()

@@ -21,7 +21,7 @@ python eval.py --table RUNS_DIR
     differ only in seed averaged, with n and spread; a config that differs
     from its task file's is labelled with the differences), each run's
     selected test accuracy (config.select: best validation or, marked, the
-    final step), generated-data cells marked (lra/lab/report.py); then the
+    final step), generated-data cells marked (lra/report/tables.py); then the
     pretraining runs (an LM objective) with their losses, token accuracy
     and perplexity.
 python eval.py --table RUNS_DIR --bench BENCH_DIR
@@ -32,7 +32,7 @@ python eval.py --plot RUN_OR_RUNS_DIR[,...] [--plot_dir DIR]
     from each run's metrics.jsonl: curves_loss.png and curves_accuracy.png in
     DIR (default: the first path given); for runs of an LM objective also
     curves_token_accuracy.png and (causal_lm) curves_perplexity.png;
-    lra/lab/curves.py.
+    lra/report/curves.py.
 """
 
 import os
@@ -56,10 +56,10 @@ import ml_collections
 
 from configs import models as model_configs
 from lra import data as tasks
+from lra.bench.report import bubble_chart
 from lra.errors import UserError
-from lra.lab import curves
-from lra.lab.bench_report import bubble_chart
-from lra.lab.report import tables
+from lra.report import curves
+from lra.report.tables import tables
 from lra.train import (
   build,
   cli,

@@ -267,7 +267,7 @@ def apply_spt(c):
   Train from Scratch", arXiv 2310.02980): the same model and schedule
   trained with the masked_lm objective on the task's own training inputs,
   labels unused (lra/train/objectives.py). The fine-tune is the run without
-  `spt`, started from its encoder with --config.init_from (lra.lab.sweep does
+  `spt`, started from its encoder with --config.init_from (lra.sweep.main does
   both with --preset small_spt). --config.objective=causal_lm pretrains
   left to right instead (not every core can be causal)."""
   c.objective = 'masked_lm'
@@ -301,7 +301,7 @@ TASK_PRESETS = {'mqar': ('zoology',)}
 PRESETS = (*COMMON_PRESETS, *(p for ps in TASK_PRESETS.values() for p in ps))
 # Shorthands: `small_spt` is `small,spt` (the config records 'small,spt').
 ALIASES = {'small_spt': ('small', 'spt'), 'smoke_spt': ('smoke', 'spt')}
-# Pretraining presets and the preset of their fine-tune (lra.lab.sweep).
+# Pretraining presets and the preset of their fine-tune (lra.sweep.main).
 FINE_TUNE_PRESET = {'spt': '', 'small_spt': 'small', 'smoke_spt': 'smoke'}
 
 

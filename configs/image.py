@@ -12,7 +12,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/image.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.lab.sweep --tasks image --models transformer \
+or both: python -m lra.sweep --tasks image --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final

@@ -11,7 +11,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/listops.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.lab.sweep --tasks listops --models transformer \
+or both: python -m lra.sweep --tasks listops --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final

@@ -49,7 +49,7 @@ Presets:
     embeddings (the causal mask and the convolution order the tokens;
     Zoology's original MQAR attention models have none either); extra test
     splits 64:4, 64:12 and 64:16 (more pairs at the training length: the x
-    axis of python -m lra.lab.mqar_report's plot) and 128:16 (the model run at
+    axis of python -m experiments.mqar.report's plot) and 128:16 (the model run at
     length 128). Sized for a sweep of every model on 2 CPU cores: measured
     here (seed 0, 2 cores shared with other jobs), the transformer's
     validation accuracy was 4.6%, 30.8%, 98.6%, 99.5% at steps 100-400 at
@@ -76,7 +76,7 @@ Presets:
     small: width 64, vocabulary 256, 20,000 training sequences, batch 64,
     2 layers, lr 3e-3 (Zoology: vocabulary 8,192, 100,000 sequences,
     batch 512, up to 64 epochs, the best of 4 rates). Measured
-    (docs/mqar/README.md): small's short_conv 2 keeps mamba and hyena on
+    (experiments/mqar/README.md): small's short_conv 2 keeps mamba and hyena on
     the 1 / pairs plateau where this block lets them recall (h3 recalls
     here with head_dim 2, Zoology's).
 Only `small` and `smoke` use short_conv; the reference does not.

@@ -18,7 +18,7 @@ fine-tune from its encoder, two commands:
     --workdir runs/spt
   python train.py --config configs/text.py:transformer,small \
     --workdir runs/ft --config.init_from=runs/spt
-or both: python -m lra.lab.sweep --tasks text --models transformer \
+or both: python -m lra.sweep --tasks text --models transformer \
     --preset small_spt --out runs/x
 
 Reference values: the reference harness's final

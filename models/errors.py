@@ -9,6 +9,6 @@ class UserError(Exception):
   """An error the user caused and can fix (missing data, bad flag, bad file).
 
   Entry points (train.py, eval.py, benchmark.py, `python -m lra.data.prepare`,
-  `python -m lra.lab.sweep`) catch it, print its message on one line and exit with
+  `python -m lra.sweep`) catch it, print its message on one line and exit with
   status 2.
   """

@@ -17,8 +17,9 @@ import pytest
 from test_fidelity import write_run
 
 from configs import models as model_configs
+from lra.bench import main as benchmark
+from lra.bench import report as bench_report
 from lra.errors import UserError
-from lra.lab import bench_report, benchmark
 from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
 

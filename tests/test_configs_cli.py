@@ -16,8 +16,7 @@ from configs import comments
 from configs import models as model_configs
 from lra import data as tasks
 from lra.errors import UserError
-from lra.lab import benchmark
-from lra.train import build, cli, runtime, steps
+from lra.train import build, cli, loop, runtime, steps
 from models.attention.longformer import LongformerAttention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,7 +175,7 @@ def test_per_layer_windows_train_a_smoke_step():
   ]
   assert windows == [8, 16]
   del model
-  batch = runtime.to_device(benchmark.cell_batch(config, task), batch_sharding)
+  batch = runtime.to_device(loop.random_batch(config, task), batch_sharding)
   step = steps.make_train_step(graphdef, seed=config.seed)
   state, metrics = step(state, batch)
   assert np.isfinite(float(jax.device_get(metrics['loss'])))

@@ -1,4 +1,4 @@
-"""lra/lab/devicecheck.py: --tiny on this CPU, within its budget, and the plan.
+"""experiments/device/devicecheck.py: --tiny on this CPU, within its budget, and the plan.
 
 No timing assertions beyond the budget: speeds on a shared CPU say nothing.
 """
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lra.lab import devicecheck
+from experiments.device import devicecheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATUSES = {'ok', 'error', 'timeout', 'skipped'}
@@ -26,7 +26,7 @@ def run_devicecheck(out, budget_s, *extra):
     [
       sys.executable,
       '-m',
-      'lra.lab.devicecheck',
+      'experiments.device.devicecheck',
       '--out',
       str(out),
       '--tiny',

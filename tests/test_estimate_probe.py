@@ -1,5 +1,5 @@
 """A sweep's --dry_run estimate without an earlier run: a short probe of
-each distinct config's compiled steps (lra/lab/sweep_probe.py), at smoke
+each distinct config's compiled steps (lra/sweep/probe.py), at smoke
 size."""
 
 import functools
@@ -8,7 +8,10 @@ import re
 import ml_collections
 import pytest
 
-from lra.lab import sweep, sweep_estimate, sweep_plan, sweep_probe
+from lra.sweep import estimate as sweep_estimate
+from lra.sweep import main as sweep
+from lra.sweep import plan as sweep_plan
+from lra.sweep import probe as sweep_probe
 
 plan = functools.partial(sweep_plan.plan, catalogue=sweep.catalogue())
 # sweep_plan.run_config reads the config file with ml_collections, which

@@ -17,7 +17,7 @@ from configs import retrieval as retrieval_config
 from configs import text as text_config
 from lra import data as tasks
 from lra.errors import UserError
-from lra.lab import report
+from lra.report import tables as report
 from lra.train import metrics
 from models.classifier import build_model
 from models.encoder import Encoder

@@ -1,4 +1,4 @@
-"""benchmark.py --layer (lra/lab/layer_bench.py) on a tiny layer: rows with
+"""benchmark.py --layer (lra/bench/layer.py) on a tiny layer: rows with
 both passes' times, memory and the ratios to transformer, and an error row
 that does not stop the run. No timing assertions: speeds on a shared CPU
 say nothing."""
@@ -9,8 +9,8 @@ import types
 
 import pytest
 
+from lra.bench import layer as layer_bench
 from lra.errors import UserError
-from lra.lab import layer_bench
 
 MODELS = ['transformer', 's4d', 'linear_transformer']
 LENGTHS = [32, 64]

@@ -1,11 +1,13 @@
 """The floors of the package tree, and that imports run only downward:
 
-  lra/lab/    what runs or reads many trainings   may import anything below
+  lra/sweep/  the engine that runs many trainings  imports report/ and below
+  lra/bench/  measures one step or one layer      imports report/ and below
+  lra/report/ reads finished runs: tables, plots  imports train/ and below
   lra/train/  what one training run is made of    imports data/, models/
   lra/data/   every task behind the data contract imports nothing above
   models/     the model zoo                       never imports lra/
 
-Only lra/lab/ may import configs/ (entry points hand configs over); no
+Only the top floors (lra/sweep, lra/bench) import configs/; no
 module of lra/ or models/ imports itself back through others (no import
 cycle, counting imports inside functions).
 
@@ -33,7 +35,8 @@ def imported_modules(source):
       found += [
         (f'{node.module}.{a.name}', node.lineno)
         for a in node.names
-        if node.module == 'lra' and a.name in ('data', 'train', 'lab')
+        if node.module == 'lra'
+        and a.name in ('data', 'train', 'sweep', 'bench', 'report')
       ]
     elif (
       isinstance(node, ast.Call)
@@ -59,10 +62,14 @@ def forbidden_imports(package, forbidden, root=ROOT):
 
 
 # Each floor and what it must not import.
+TOP = ('lra.sweep', 'lra.bench', 'lra.report')
 FLOORS = {
-  'models': ('lra', 'configs'),
-  'lra/data': ('lra.train', 'lra.lab', 'models', 'configs'),
-  'lra/train': ('lra.lab', 'configs'),
+  'models': ('lra', 'configs', 'experiments'),
+  'lra/data': ('lra.train', *TOP, 'models', 'configs', 'experiments'),
+  'lra/train': (*TOP, 'configs', 'experiments'),
+  'lra/report': ('lra.sweep', 'lra.bench', 'configs', 'experiments'),
+  'lra/bench': ('lra.sweep', 'experiments'),
+  'lra/sweep': ('lra.bench', 'experiments'),
 }
 # Modules at the top of lra/: the package (load_run), the error type, and
 # the `python -m` spellings kept from before the floors (each calls the
@@ -71,8 +78,6 @@ LRA_TOP = {
   '__init__.py',
   'errors.py',
   'prepare.py',
-  'sweep.py',
-  'devicecheck.py',
 }
 
 
@@ -114,8 +119,10 @@ def test_imports_run_only_downward():
   'floor, line',
   [
     ('lra/data', 'from lra.train import steps'),
-    ('lra/data', 'from lra import lab'),
-    ('lra/train', 'import lra.lab.report'),
+    ('lra/data', 'from lra import sweep'),
+    ('lra/report', 'from lra.bench import report'),
+    ('lra/sweep', 'import lra.bench.main'),
+    ('lra/train', 'import lra.report.tables'),
     ('lra/train', 'from configs import base'),
     ('models', 'from lra.data import cache'),
   ],
@@ -134,7 +141,8 @@ def test_lra_top_holds_only_the_floors():
   top = {p.name for p in (ROOT / 'lra').glob('*.py')}
   assert top <= LRA_TOP, top - LRA_TOP
   dirs = {p.name for p in (ROOT / 'lra').iterdir() if p.is_dir()}
-  assert {'data', 'train', 'lab'} <= dirs
+  assert {'data', 'train', 'sweep', 'bench', 'report'} <= dirs
+  assert 'lab' not in dirs
 
 
 def test_task_modules_live_in_lra_data():
@@ -225,5 +233,5 @@ def test_find_cycle_finds_one():
 
 def test_no_import_cycle_in_lra_and_models():
   graph = import_graph()
-  assert 'lra.lab.report' in graph and 'models.layers' in graph
+  assert 'lra.report.tables' in graph and 'models.layers' in graph
   assert find_cycle(graph) is None, ' -> '.join(find_cycle(graph))

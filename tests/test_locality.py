@@ -1,4 +1,4 @@
-"""python -m lra.lab.locality: the block sizes, the planned runs, bad flags,
+"""python -m experiments.locality.locality: the block sizes, the planned runs, bad flags,
 and one real probe.
 
 The probe (a module fixture) runs MQAR `smoke` at --blocks 2,32 (32 is
@@ -17,8 +17,10 @@ import types
 
 import pytest
 
+from experiments.locality import locality
 from lra.errors import UserError
-from lra.lab import locality, sweep, sweep_plan
+from lra.sweep import main as sweep
+from lra.sweep import plan as sweep_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CATALOGUE = functools.lru_cache(maxsize=None)(sweep.catalogue)
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 def probe(*args):
   return subprocess.run(
-    [sys.executable, '-m', 'lra.lab.locality', *args],
+    [sys.executable, '-m', 'experiments.locality.locality', *args],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -139,11 +141,11 @@ def test_markdown_of_unfinished_and_failed_runs(tmp_path):
     entry('listops/local-smoke/x', 'done', 0.9),  # another preset, no grid
   ]
   with open(tmp_path / 'sweep.json', 'w') as f:
-    json.dump({'command': 'python -m lra.lab.sweep ...', 'runs': runs}, f)
+    json.dump({'command': 'python -m lra.sweep ...', 'runs': runs}, f)
   png, md = (str(tmp_path / f'locality_listops.{x}') for x in ('png', 'md'))
   assert locality.write_probe(str(tmp_path), 'listops') == [png, md]
   text = open(md).read()
-  assert 'python -m lra.lab.sweep' not in text
+  assert 'python -m lra.sweep' not in text
   assert 'Chance: 10.00% (1 / 10 classes).' in text
   table = [ln for ln in text.splitlines() if ln.startswith('| ')]
   assert table == [
@@ -211,7 +213,9 @@ def test_probe_trains_each_block_and_the_transformer(probed):
     assert r['status'] == 'done' and r['steps_done'] == 2
     assert r['objective'] == 'per_position'
     assert 0 <= r['test_accuracy'] <= 1 and r['val_accuracy'] is not None
-  assert probed.sweep['command'].startswith('python -m lra.lab.locality --task')
+  assert probed.sweep['command'].startswith(
+    'python -m experiments.locality.locality --task'
+  )
   with open(probed.png, 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert f'Locality: wrote {probed.png} and {probed.md}.' in (

@@ -423,12 +423,12 @@ def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
 
 
 def test_gradient_probe_finds_the_unused_direction(tmp_path):
-  """lra.lab.gradients' table (issue #33's vanishing-gradient probe): in a
+  """experiments.mamba_recall.gradients' table (issue #33's vanishing-gradient probe): in a
   causal Mamba the backward direction's parameters get exactly no gradient,
   the forward one's do, so a starved parameter shows."""
   from configs import mqar
+  from experiments.mamba_recall.gradients import gradient_table
   from lra import data as tasks
-  from lra.lab.gradients import gradient_table
   from lra.train import build, runtime
 
   config = mqar.get_config('mamba,smoke')

@@ -15,8 +15,8 @@ import pytest
 
 from configs import models as model_configs
 from lra import data as tasks
-from lra.lab import paper as lra_paper
-from lra.lab.report import accuracy_table
+from lra.report import paper as lra_paper
+from lra.report.tables import accuracy_table
 from lra.train import build, steps
 import train
 

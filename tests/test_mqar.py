@@ -389,16 +389,21 @@ def test_zoology_preset_is_zoologys_block_at_small_sizes():
     c = mqar_config.get_config(f'{name},zoology')
     assert c.preset == 'small,zoology'
     assert (c.model.block, c.model.short_conv, c.model.positions) == (
-      'ssm', conv, positions
+      'ssm',
+      conv,
+      positions,
     )
     assert (c.weight_decay, c.warmup_steps, c.data.num_kv_pairs) == (0.1, 0, 4)
     # small's sizes are kept
     assert (c.model.emb_dim, c.data.seq_len, c.data.vocab_size) == (
-      small.model.emb_dim, small.data.seq_len, small.data.vocab_size
+      small.model.emb_dim,
+      small.data.seq_len,
+      small.data.vocab_size,
     )
   assert mqar_config.get_config('mamba,small,zoology').to_dict() == (
     mqar_config.get_config('mamba,zoology').to_dict()
   )
-  with pytest.raises(ValueError, match="Unknown preset 'zoology' for the "
-                     'listops task'):
+  with pytest.raises(
+    ValueError, match="Unknown preset 'zoology' for the listops task"
+  ):
     listops.get_config('transformer,zoology')

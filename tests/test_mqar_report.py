@@ -1,4 +1,4 @@
-"""python -m lra.lab.mqar_report: the tuned choice per (model, form, width),
+"""python -m experiments.mqar.report: the tuned choice per (model, form, width),
 the curve over pairs at the training length, the table and the plot."""
 
 import json
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from experiments.mqar import report as mqar_report
 from lra.errors import UserError
-from lra.lab import mqar_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +86,7 @@ def test_command_writes_table_and_plot(sweeps, tmp_path):
     [
       sys.executable,
       '-m',
-      'lra.lab.mqar_report',
+      'experiments.mqar.report',
       f'--sweeps={",".join(sweeps)}',
       f'--out={out}',
     ],

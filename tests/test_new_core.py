@@ -88,7 +88,7 @@ def test_a_new_core_is_one_file(tmp_path, smoke_data_dir):
     ROOT,
     repo,
     ignore=shutil.ignore_patterns(
-      '.git', 'runs', 'docs', '__pycache__', '.pytest_cache'
+      '.git', 'runs', 'docs', 'experiments', '__pycache__', '.pytest_cache'
     ),
   )
   path = os.path.join(repo, 'models', 'attention', f'{NAME}.py')

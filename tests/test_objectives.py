@@ -270,7 +270,7 @@ def test_causal_lm_trains_on_listops_smoke(smoke_data_dir, tmp_path):
   # The accuracy table has no row for a pretraining run.
   with open(os.path.join(workdir, 'results.json')) as f:
     assert json.load(f)['objective'] == 'causal_lm'
-  from lra.lab.report import read_runs  # pylint: disable=g-import-not-at-top
+  from lra.report.tables import read_runs  # pylint: disable=g-import-not-at-top
 
   with pytest.raises(UserError, match='pretraining runs'):
     read_runs(str(tmp_path))

@@ -12,7 +12,7 @@ import ml_collections
 import pytest
 
 from lra.data.tfrecord import read_records
-from lra.lab import curves
+from lra.report import curves
 from lra.train import metrics, steps
 from lra.train.metrics import MetricsLog, read_rows
 

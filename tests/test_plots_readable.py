@@ -1,4 +1,4 @@
-"""Plots a person can read (lra/lab/plotstyle.py): labels that do not
+"""Plots a person can read (lra/report/plotstyle.py): labels that do not
 overprint each other, smoothed training curves over their faint raw points,
 and distinct styles past eight series."""
 
@@ -11,7 +11,11 @@ from matplotlib import pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from lra.lab import bench_report, curves, plotstyle  # noqa: E402
+from lra.bench import report as bench_report  # noqa: E402
+from lra.report import (
+  curves,  # noqa: E402
+  plotstyle,  # noqa: E402
+)
 
 PNG = b'\x89PNG\r\n\x1a\n'
 

@@ -9,7 +9,9 @@ import pytest
 
 from configs import listops, text
 from lra.errors import UserError
-from lra.lab import report, sweep_plan, sweep_run
+from lra.report import tables as report
+from lra.sweep import plan as sweep_plan
+from lra.sweep import runner as sweep_run
 from lra.train import rundir
 
 

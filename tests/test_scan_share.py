@@ -1,10 +1,10 @@
-"""python -m lra.lab.scan_share: both programs compile, differ, and the
+"""python -m experiments.mamba_recall.scan_share: both programs compile, differ, and the
 mixer's own scan is back in place afterwards."""
 
 import jax
 import numpy as np
 
-from lra.lab import scan_share
+from experiments.mamba_recall import scan_share
 import models.mixers.mamba as mamba_module
 
 

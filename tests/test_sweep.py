@@ -1,4 +1,4 @@
-"""python -m lra.lab.sweep: runs, skips, failures, Ctrl-C and resume, --dry_run.
+"""python -m lra.sweep: runs, skips, failures, Ctrl-C and resume, --dry_run.
 
 One module fixture drives four sweeps of ListOps `smoke` into one folder
 (three train.py runs in all, plus one that fails at once):
@@ -27,7 +27,9 @@ import pytest
 
 from configs import models as model_configs
 from lra.errors import UserError
-from lra.lab import sweep, sweep_plan, sweep_run
+from lra.sweep import main as sweep
+from lra.sweep import plan as sweep_plan
+from lra.sweep import runner as sweep_run
 from lra.train.metrics import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +39,7 @@ RESULT_KEYS = ('best_step', 'val_accuracy', 'test_accuracy', 'steps_done')
 
 
 def sweep_command(*args):
-  return [sys.executable, '-m', 'lra.lab.sweep', *args]
+  return [sys.executable, '-m', 'lra.sweep.main', *args]
 
 
 def run_sweep(*args):

@@ -1,4 +1,4 @@
-"""python -m lra.lab.sweep_archive: a sweep's results without checkpoints,
+"""python -m lra.sweep.archive: a sweep's results without checkpoints,
 read by mqar_report as the sweep itself, merged across pieces."""
 
 import json
@@ -7,12 +7,13 @@ import shutil
 
 import pytest
 
+from experiments.mqar import report as mqar_report
 from lra.errors import UserError
-from lra.lab import mqar_report, sweep_archive
+from lra.sweep import archive as sweep_archive
 
 
 def write_sweep(out, runs, command):
-  """A sweep as `python -m lra.lab.sweep --out OUT` leaves it, run from the
+  """A sweep as `python -m lra.sweep --out OUT` leaves it, run from the
   current folder (workdirs relative to it): runs are (lr, val, test)."""
   entries = []
   for lr, val, test in runs:
@@ -103,14 +104,14 @@ def test_bad_folders_are_one_sentence(tmp_path):
 
 
 def test_committed_archive_gives_the_committed_table():
-  """docs/mqar/128x16_c/mqar.md is what mqar_report makes of the archive
+  """experiments/mqar/128x16_c/mqar.md is what mqar_report makes of the archive
   committed beside it (its grid-edge line aside): the figure can be remade
   on a fresh checkout."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  archive = os.path.join(root, 'docs', 'mqar', 'runs', '128x16_c')
+  archive = os.path.join(root, 'experiments', 'mqar', 'runs', '128x16_c')
   rows = mqar_report.rows_of([archive])
   assert len(rows) == 20
-  with open(os.path.join(root, 'docs', 'mqar', '128x16_c', 'mqar.md')) as f:
+  with open(os.path.join(root, 'experiments', 'mqar', '128x16_c', 'mqar.md')) as f:
     committed = f.read()
   table = mqar_report.width_markdown(rows)
   assert '| `deltanet` | - | 99.6 (0.0032) |' in table

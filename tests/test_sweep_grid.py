@@ -1,4 +1,4 @@
-"""python -m lra.lab.sweep --grid: the cross product, one workdir per
+"""python -m lra.sweep --grid: the cross product, one workdir per
 combination, the tuned table's choice on validation, skip on rerun."""
 
 import functools
@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from lra.errors import UserError
-from lra.lab import sweep, sweep_grid, sweep_plan
+from lra.sweep import grid as sweep_grid
+from lra.sweep import main as sweep
+from lra.sweep import plan as sweep_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 plan = functools.partial(sweep_plan.plan, catalogue=sweep.catalogue())
@@ -22,7 +24,7 @@ GRID = (
 
 def run_sweep(*args):
   return subprocess.run(
-    [sys.executable, '-m', 'lra.lab.sweep', *args],
+    [sys.executable, '-m', 'lra.sweep.main', *args],
     cwd=ROOT,
     capture_output=True,
     text=True,
@@ -217,7 +219,8 @@ def test_a_diverged_run_is_skipped_while_its_config_is_unchanged(
   same seed diverges again), and --dry_run says so; --retry_diverged, or a
   changed config, trains it."""
   from lra.errors import NON_FINITE_STOP
-  from lra.lab import sweep_estimate, sweep_run
+  from lra.sweep import estimate as sweep_estimate
+  from lra.sweep import runner as sweep_run
   from lra.train import rundir
 
   out = str(tmp_path)

@@ -18,7 +18,7 @@ from test_errors import array_files
 from configs import listops as listops_config
 from lra import data as tasks
 from lra.errors import UserError
-from lra.lab.report import accuracy_table
+from lra.report.tables import accuracy_table
 from lra.train import batching, metrics, rundir, runtime, steps
 from lra.train.build import create_state
 from lra.train.metrics import read_rows

@@ -222,6 +222,24 @@ def training_batch(
   return training_batches(config, task, data, stages)(step)
 
 
+def random_batch(config, task, seed=0):
+  """The host batch of a training step of `config`, on random data: random
+  tokens (ids 1..vocab-1, so nothing is padding) and labels of the task's
+  shapes, through loop.training_batch (an LM objective's inputs, targets
+  and masks). No length curriculum: the cell is the full length."""
+  rng = np.random.default_rng(seed)
+  b, length = config.batch_size, config.max_length
+  options = config.data.to_dict()
+  vocab = task.vocab_size_for(options)
+  docs = (task.num_inputs,) if task.num_inputs > 1 else ()
+  inputs = rng.integers(1, vocab, (b, *docs, length), dtype=np.int32)
+  if task.per_position:
+    labels = rng.integers(0, vocab, (b, length), dtype=np.int32)
+  else:
+    labels = rng.integers(0, task.num_classes, (b,), dtype=np.int32)
+  return training_batch(config, task, {'train': (inputs, labels)}, [], 0)
+
+
 def training_batches(
   config: ConfigDict, task: tasks.Task, data: dict, stages: list
 ) -> Callable[[int], dict[str, np.ndarray]]:
@@ -422,9 +440,7 @@ def non_finite_error(
     f'lower --config.learning_rate (e.g. {lower}) or '
     '--config.grad_clip_norm=1 to start again'
   )
-  return UserError(
-    f'{NON_FINITE_STOP}{e.args[1]} at step {e.args[0]}; {kept}.'
-  )
+  return UserError(f'{NON_FINITE_STOP}{e.args[1]} at step {e.args[0]}; {kept}.')
 
 
 def finish(config, workdir, task, log, select, best, tested, rules):

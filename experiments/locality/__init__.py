@@ -1,0 +1,1 @@
+"""The locality study (README.md)."""

@@ -1,0 +1,1 @@
+"""The mamba_recall study (README.md)."""

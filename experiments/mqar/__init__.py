@@ -1,0 +1,1 @@
+"""The mqar study (README.md)."""

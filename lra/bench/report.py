@@ -1,0 +1,626 @@
+"""benchmark.py's report: its rows as benchmark.md, speed.png and memory.png.
+
+benchmark.md has LRA Table 2's layout (steps/s and peak memory per length,
+the paper's numbers beneath ours); the plots draw one line per model against
+sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
+
+Beneath them, a table of every cell's throughput (steps/s, examples/s,
+tokens/s, GFLOP per step and model FLOP utilisation, the fields benchmark.py
+adds per cell) and, for --mode loop, the training loop's steps/s against the
+bare step's. Cells from --config name their config and task; cells that
+did not finish show their status ('OOM', 'error', 'timeout').
+
+With a 'ceiling' row (benchmark.py --ceiling: attention 'none', no token
+mixing), benchmark.md notes it and adds two tables: each model's steps/s as
+a fraction of the ceiling's, and its memory as a multiple of the ceiling's.
+
+The paper's Table 2 ran batch 32 split over 16 TPU v3 chips (4 x 4, about 2
+examples per chip) and gave memory per chip; benchmark.md and the plots'
+titles say so beside this run's machine, preset and batch, since only the
+ratios to the transformer compare across the two.
+
+LRA's Figure 3 (bubble_chart: accuracy against speed, circle area = peak
+memory) joins this benchmark with the trained runs' accuracy table, read by
+lra/report/tables.py (this module imports it; it never imports this one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from lra.errors import UserError
+from lra.report import plotstyle
+from lra.report import tables as report
+from lra.report.paper import TASK_COLUMNS, lra_average, paper
+
+# The model name of benchmark.py --ceiling's row.
+CEILING = 'ceiling'
+
+
+# The paper's Table 2 setting (Tay et al. 2021, section 4.2).
+PAPER_BATCH, PAPER_CHIPS = 32, 16
+
+
+def setup(row):
+  """'2 x cpu (cpu backend), preset cpu, batch 2 (1 per device)'."""
+  n = row['device_count'] or 1
+  batch = row['batch_size']  # None when the cell failed before its config
+  per_device = '' if batch is None else f' ({batch / n:g} per device)'
+  return (
+    f'{n} x {row["device_kind"]} ({row["backend"]} backend), preset '
+    f'{row["preset"]}, batch {batch}{per_device}'
+  )
+
+
+PAPER_SETUP = (
+  f'paper: batch {PAPER_BATCH} over {PAPER_CHIPS} TPU v3 chips '
+  f'(~{PAPER_BATCH // PAPER_CHIPS} per chip), memory per chip'
+)
+
+
+def _length_name(n):
+  return f'{n // 1024}K' if n % 1024 == 0 else str(n)
+
+
+def _num(x):
+  return f'{x:.3g}' if x < 1000 else f'{x:.0f}'
+
+
+def _ratio(x, base):
+  if x is None or not base:
+    return ''
+  r = x / base
+  return f' ({r:.1f}x)' if r >= 1 else f' ({r:.2f}x)'
+
+
+def _table(title, rows, models, lengths, value, paper_values):
+  """Markdown rows: ours per model, the paper's (italic) beneath."""
+  head = '| model | ' + ' | '.join(_length_name(n) for n in lengths) + ' |'
+  lines = [f'### {title}', '', head, '|---' * (len(lengths) + 1) + '|']
+  for m in models:
+    cells = []
+    for n in lengths:
+      row, base = rows.get((m, n)), rows.get(('transformer', n))
+      if row is None:
+        cells.append('-')
+      elif row['status'] != 'ok':
+        cells.append(row['status'])
+      else:
+        ok = base is not None and base['status'] == 'ok'
+        v = value(row)
+        cells.append(_num(v) + _ratio(v, value(base) if ok else None))
+    lines.append(f'| {m} | ' + ' | '.join(cells) + ' |')
+    paper_lengths = paper()['table2_efficiency']['lengths']
+    if m in paper_values and set(lengths) & set(paper_lengths):
+      cells = []
+      for n in lengths:
+        if n not in paper_lengths:
+          cells.append('')
+          continue
+        j = paper_lengths.index(n)
+        v, base = paper_values[m][j], paper_values['transformer'][j]
+        cells.append(f'*{_num(v)}{_ratio(v, base)}*')
+      lines.append('| *paper* | ' + ' | '.join(cells) + ' |')
+  return lines
+
+
+def _ceiling_tables(rows, models, lengths):
+  """Speed fraction and memory multiple of each model against the ceiling."""
+
+  def cells(m, value, fmt):
+    out = []
+    for n in lengths:
+      row, top = rows.get((m, n)), rows.get((CEILING, n))
+      if row is None:
+        out.append('-')
+      elif row['status'] != 'ok':
+        out.append(row['status'])
+      elif top is None or top['status'] != 'ok':
+        out.append('-')
+      else:
+        out.append(fmt(value(row) / value(top)))
+    return out
+
+  head = '| model | ' + ' | '.join(_length_name(n) for n in lengths) + ' |'
+  rule = '|---' * (len(lengths) + 1) + '|'
+  others = [m for m in models if m != CEILING]
+  lines = []
+  for title, value, fmt in (
+    (
+      "Speed as a fraction of the ceiling (steps/s over the ceiling's; "
+      '1 = as fast as no attention)',
+      lambda r: r['steps_per_sec'],
+      lambda x: f'{x:.2f}' if x < 10 else f'{x:.0f}',
+    ),
+    (
+      "Memory as a multiple of the ceiling (peak over the ceiling's; "
+      '1 = no more than no attention)',
+      lambda r: r['peak_memory_bytes'],
+      lambda x: f'{x:.2f}x' if x < 10 else f'{x:.0f}x',
+    ),
+  ):
+    lines += ['', f'### {title}', '', head, rule]
+    lines += [
+      f'| {m} | ' + ' | '.join(cells(m, value, fmt)) + ' |' for m in others
+    ]
+  return lines
+
+
+def _speed_kind(row):
+  """How a row's steps/s was timed (benchmark.py --mode)."""
+  n = row['timed_steps']
+  if row.get('mode') in ('throughput', 'loop'):
+    return f'{n} timed steps back to back, one wait at the end,'
+  return f'median of {n} timed steps'
+
+
+def _cell_value(row, value):
+  """A table cell: the value of an ok row, else the row's status."""
+  if row['status'] != 'ok':
+    return row['status']
+  v = value(row)
+  return '-' if v is None else v
+
+
+def _throughput_table(rows):
+  """Per cell: steps/s, examples/s, tokens/s, FLOPs per step and MFU."""
+  head = (
+    '| model | task | length | batch | mode | steps/s | examples/s | '
+    'tokens/s | GFLOP/step | MFU |'
+  )
+  lines = [
+    '',
+    '### Throughput and model FLOP utilisation',
+    '',
+    'examples/s = steps/s x batch; tokens/s = examples/s x max_length x '
+    "documents per example (CLS not counted); GFLOP/step from XLA's cost "
+    'analysis of the compiled step (per device; not counting custom calls '
+    'such as cuDNN attention); MFU = FLOP/step x steps/s / the peak FLOP/s '
+    'of one device' + _peak_sources(rows) + '.',
+    '',
+    head,
+    '|---' * 10 + '|',
+  ]
+  for r in rows:
+    cells = [
+      _cell_value(r, lambda r: _num(r['steps_per_sec'])),
+      _cell_value(r, lambda r: _num(r.get('examples_per_sec') or 0)),
+      _cell_value(r, lambda r: _num(r.get('tokens_per_sec') or 0)),
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('flops_per_step') is None
+          else _num(r['flops_per_step'] / 1e9)
+        ),
+      ),
+      _cell_value(
+        r, lambda r: None if r.get('mfu') is None else f'{r["mfu"]:.1%}'
+      ),
+    ]
+    lines.append(
+      f'| {r["model"]} | {r.get("task") or "text"} | {r["length"]} | '
+      f'{r["batch_size"]} | {r.get("mode") or "latency"} | '
+      + ' | '.join(str(c) for c in cells)
+      + ' |'
+    )
+  return lines
+
+
+def _peak_sources(rows):
+  """' (peaks: 989 TFLOP/s, NVIDIA H200 datasheet, bfloat16)', or why
+  there is no MFU."""
+  peaks = {
+    (r['peak_flops_per_sec'], r['peak_flops_source'])
+    for r in rows
+    if r.get('peak_flops_per_sec')
+  }
+  if not peaks:
+    return (
+      ' (no peak known for this device: MFU is empty; benchmark.py '
+      '--peak_flops gives one)'
+    )
+  return (
+    ' (peak: '
+    + '; '.join(
+      f'{p / 1e12:g} TFLOP/s, {source}' for p, source in sorted(peaks)
+    )
+    + ')'
+  )
+
+
+def _loop_table(rows):
+  """--mode loop: train.py's loop against the bare step, per cell."""
+  loop = [r for r in rows if r.get('mode') == 'loop']
+  if not loop:
+    return []
+  lines = [
+    '',
+    '### Training loop against the bare step',
+    '',
+    "loop: train.py's train_and_evaluate on the config's data (steps/s of "
+    "metrics.jsonl's train rows, every step after the compiled first one; "
+    'evaluation and checkpoints after the last step, outside the timer); '
+    'bare: the compiled step alone on the same shapes, back to back, in the '
+    'same process.',
+    '',
+    '| model | task | length | batch | loop steps/s | bare steps/s | '
+    'loop / bare |',
+    '|---' * 7 + '|',
+  ]
+  for r in loop:
+    cells = [
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('loop_steps_per_sec') is None
+          else _num(r['loop_steps_per_sec'])
+        ),
+      ),
+      _cell_value(r, lambda r: _num(r['bare_steps_per_sec'])),
+      _cell_value(
+        r,
+        lambda r: (
+          None
+          if r.get('loop_over_bare') is None
+          else f'{r["loop_over_bare"]:.2f}'
+        ),
+      ),
+    ]
+    lines.append(
+      f'| {r["model"]} | {r.get("task") or "text"} | {r["length"]} | '
+      f'{r["batch_size"]} | ' + ' | '.join(str(c) for c in cells) + ' |'
+    )
+  return lines
+
+
+def markdown(rows, seconds=None, load=None):
+  """LRA Table 2 layout: steps/s and peak memory per length."""
+  by_cell = {(r['model'], r['length']): r for r in rows}
+  models = list(dict.fromkeys(r['model'] for r in rows))
+  lengths = sorted({r['length'] for r in rows if r['length'] is not None})
+  # The machine is the first row that reached it (a cell killed before it
+  # started has none).
+  first = next((r for r in rows if r.get('backend')), rows[0])
+  configs = {r['model']: r['model_config'] for r in rows if r['model_config']}
+  mc = next(iter(configs.values()), None) or {}
+  table2 = paper()['table2_efficiency']
+  took = '' if seconds is None else f'; measured in {seconds:.0f} s'
+  load = '' if load is None else f' (load average {load:.1f} at the start)'
+  has_base = any(
+    r['model'] == 'transformer' and r['status'] == 'ok' for r in rows
+  )
+  against = (
+    'speed-up against `transformer` (einsum softmax) at that length'
+    if has_base
+    else 'none: the exact `transformer` was not measured in this run (add '
+    'it with `--baselines` or `--models transformer,...`)'
+  )
+  lines = [
+    '## LRA speed and memory (Table 2 layout)',
+    '',
+    f'Setup: {setup(first)}.',
+    f'Machine: {first["device_count"]} x {first["device_kind"]} '
+    f'({first["backend"]} backend), {os.cpu_count()} CPU cores{load}; jax '
+    f'{first["jax_version"]}, flax {first["flax_version"]}{took}.',
+    (
+      f'Config `{first["config"]}` ({first.get("task")} task)'
+      if first.get('config')
+      else f'Preset `{first["preset"]}`'
+    )
+    + f': batch {first["batch_size"]}, '
+    f'layers {mc.get("num_layers")}, emb {mc.get("emb_dim")}, '
+    f'qkv {mc.get("qkv_dim")}, mlp {mc.get("mlp_dim")}, '
+    f'{mc.get("num_heads")} heads, {mc.get("dtype")}; '
+    + (
+      "that config's training step on random inputs of its batches' shapes"
+      if first.get('config')
+      else 'byte-level Text classifier on random bytes'
+    )
+    + ', one step = forward + backward + AdamW update'
+    + (', sequence = length + 1 (CLS).' if mc.get('pooling') == 'cls' else '.'),
+    f'Speed: steps per second, {_speed_kind(first)} '
+    f'after compilation and {first["warmup_steps"]} warm-up step(s); '
+    f'(x) = {against}.',
+    f'Dropout as in training: {mc.get("dropout_rate")}; attention dropout '
+    + ', '.join(
+      f'{m} {c["attention_dropout_rate"]}' for m, c in configs.items()
+    )
+    + '.',
+    "Memory: peak GB of the compiled train step by XLA's memory analysis "
+    '(temp + arguments + outputs - donated aliases, per device); (x) = '
+    + ('ratio to `transformer`.' if has_base else 'none (no `transformer`).'),
+    '*paper*: LRA Table 2 (Tay et al. 2021; Text, batch 32, 4x4 TPU v3, '
+    'peak memory per device in GB).',
+    f"Not the same setting: the paper's batch of {PAPER_BATCH} was split "
+    f'over {PAPER_CHIPS} TPU v3 chips (about {PAPER_BATCH // PAPER_CHIPS} '
+    'examples per chip, 1 per TensorCore) and its memory is per device, '
+    f'while this run holds {first["batch_size"]} example(s) per step on '
+    f'{first["device_count"]} device(s): absolute steps/s and GB do not '
+    'compare with the paper, only the ratios to `transformer` do. '
+    f'`--batch_size {PAPER_BATCH // PAPER_CHIPS}` on one device holds what '
+    'one of its chips held (`--batch_size 1`: one TensorCore).',
+    '',
+  ]
+  if first.get('config'):  # not the Text cells: no paper numbers to set by
+    lines = [ln for ln in lines if not ln.startswith(('*paper*', 'Not the'))]
+  fused = sorted({r['model'] for r in rows if r.get('fused_attention_kernel')})
+  if fused:
+    lines[-1:-1] = [
+      'cuDNN fused (flash) attention was compiled into the step of: '
+      + ', '.join(f'`{m}`' for m in fused)
+      + ' (the other cells write attention out as XLA ops).'
+    ]
+  if CEILING in models:
+    lines[-1:-1] = [
+      '`ceiling`: no attention at all (core `none`, out = v: no token '
+      "mixing; q and k unused) in the transformer's config, measured in "
+      'the same run: the best speed and memory any attention could reach '
+      'at this width. Not an LRA model.',
+    ]
+  lines += _table(
+    'Steps per second',
+    by_cell,
+    models,
+    lengths,
+    lambda r: r['steps_per_sec'],
+    {} if first.get('config') else table2['steps_per_sec'],
+  )
+  lines.append('')
+  lines += _table(
+    'Peak memory (GB)',
+    by_cell,
+    models,
+    lengths,
+    lambda r: r['peak_memory_bytes'] / 1e9,
+    {} if first.get('config') else table2['peak_memory_gb'],
+  )
+  lines += _throughput_table(rows)
+  lines += _loop_table(rows)
+  if CEILING in models:
+    lines += _ceiling_tables(by_cell, models, lengths)
+  failed = [r for r in rows if r['status'] != 'ok']
+  if failed:
+    lines += ['', 'Failures:']
+    lines += [
+      f'- {r["model"]} at {r["length"]}: {r["status"]}, {r["error"]}'
+      for r in failed
+    ]
+  return '\n'.join(lines) + '\n'
+
+
+def plot(rows, value, ylabel, path):
+  """One line per model against length, both axes logarithmic; the title
+  gives the machine, preset and batch, and the paper's setting."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+
+  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  # Reference lines, grey and black: the ceiling and the exact softmax
+  # (transformer_fused is the same function; transformer_xl is not).
+  reference = {
+    CEILING: ('0.6', ':'),
+    'transformer': ('0.1', '-'),
+    'transformer_fused': ('0.1', '--'),
+  }
+  models = [
+    m
+    for m in dict.fromkeys(r['model'] for r in rows)
+    if any(r['model'] == m and r['status'] == 'ok' for r in rows)
+  ]
+  # tab10, and past 8 series a line style and a marker each as well.
+  styles = plotstyle.series_styles(
+    [m for m in models if m not in reference], marker='o'
+  )
+  for m in models:
+    ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
+    if m in reference:
+      color, ls = reference[m]
+      style = dict(color=color, marker='o', linestyle=ls, markersize=5)
+    else:
+      style = styles[m]
+    ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
+  lengths = sorted({r['length'] for r in rows if r['length'] is not None})
+  ax.set_xscale('log', base=2)
+  ax.set_yscale('log')
+  ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+  ax.minorticks_off()
+  ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+  ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f'{y:g}'))
+  ax.set_xlabel('sequence length')
+  ax.set_ylabel(ylabel)
+  ax.set_title(
+    f'{setup(next((r for r in rows if r.get("backend")), rows[0]))}\n'
+    f'{PAPER_SETUP}: compare ratios to transformer only',
+    fontsize=8,
+  )
+  ax.grid(True, alpha=0.3)
+  if ax.lines:
+    ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_report(rows, out, seconds=None, load=None):
+  with open(os.path.join(out, 'benchmark.md'), 'w') as f:
+    f.write(markdown(rows, seconds, load))
+  plot(
+    rows,
+    lambda r: r['steps_per_sec'],
+    'training steps per second',
+    os.path.join(out, 'speed.png'),
+  )
+  plot(
+    rows,
+    lambda r: r['peak_memory_bytes'] / 1e9,
+    'peak memory (GB, XLA memory analysis)',
+    os.path.join(out, 'memory.png'),
+  )
+
+
+# ------------------------------------------------- the bubble chart
+def read_benchmark(bench_dir: str) -> list[dict]:
+  """The rows of bench_dir/benchmark.json, written by benchmark.py."""
+  path = os.path.join(bench_dir, 'benchmark.json')
+  if not os.path.exists(path):
+    raise UserError(
+      f'No benchmark.json in {bench_dir}; run `python benchmark.py --out '
+      f'{bench_dir}` first.'
+    )
+  with open(path) as f:
+    return json.load(f)
+
+
+def bubble_points(runs_dir: str, bench_dir: str) -> tuple:
+  """The bubble chart's data: configs trained whose model was benchmarked.
+
+  One point per row of the accuracy table (an effective config, labelled as
+  there), at its model's speed and memory. Accuracy is the LRA average when
+  every such row has the five tasks; otherwise the mean over the tasks they
+  all have; otherwise each row's mean over its own tasks. Speed is steps/s
+  at the longest length at which 'transformer' ran, relative to it (without
+  a transformer row: absolute, at the longest length measured).
+
+  Returns:
+    (points, length, relative, accuracy_label); points are (row label,
+    accuracy %, speed, peak memory bytes, tasks).
+  """
+  groups = report.group_runs(report.read_runs(runs_dir))
+  rows = [r for r in read_benchmark(bench_dir) if r['status'] == 'ok']
+  base = {r['length']: r for r in rows if r['model'] == 'transformer'}
+  lengths = set(base) or {r['length'] for r in rows}
+  if not lengths:
+    raise UserError(
+      f'{bench_dir}/benchmark.json has no successful cell; rerun benchmark.py.'
+    )
+  length = max(lengths)
+  relative = length in base
+  measured = {r['model']: r for r in rows if r['length'] == length}
+  scores, model_of = {}, {}
+  for g in groups:
+    if g['model'] in measured:
+      scores.setdefault(g['label'], {})[g['task']] = g['accuracy']
+      model_of[g['label']] = g['model']
+  if not scores:
+    raise UserError(
+      f'No model is both in the runs below {runs_dir} and measured at '
+      f'{length} in {bench_dir}; benchmark the models you trained.'
+    )
+  common = set.intersection(*(set(s) for s in scores.values()))
+  if all(lra_average(s) is not None for s in scores.values()):
+    label, tasks = 'LRA average test accuracy (%)', TASK_COLUMNS[:5]
+  elif common:
+    tasks = [t for t in TASK_COLUMNS if t in common]
+    label = f'test accuracy (%), mean over {", ".join(tasks)}'
+  else:
+    label, tasks = "test accuracy (%), mean over each model's tasks", None
+  points = []
+  for name, own in scores.items():
+    r = measured[model_of[name]]
+    used = sorted(own) if tasks is None else tasks
+    speed = r['steps_per_sec']
+    if relative:
+      speed /= base[length]['steps_per_sec']
+    accuracy = float(np.mean([own[t] for t in used]))
+    points.append((name, accuracy, speed, r['peak_memory_bytes'], tuple(used)))
+  return points, length, relative, label
+
+
+def bubble_chart(runs_dir: str, bench_dir: str) -> str:
+  """LRA's Figure 3: accuracy against speed, circle area = peak memory.
+
+  One circle per row of the accuracy table (its label, e.g. `transformer
+  [small]`) from the results.json files below runs_dir and
+  bench_dir/benchmark.json (see bubble_points); the title gives the
+  benchmark's machine, preset and batch. Writes and returns
+  bench_dir/lra_bubble.png.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  points, length, relative, label = bubble_points(runs_dir, bench_dir)
+  fig = bubble_figure(
+    points, length, relative, label, setup(read_benchmark(bench_dir)[0])
+  )
+  path = os.path.join(bench_dir, 'lra_bubble.png')
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def bubble_figure(points, length, relative, label, machine):
+  """The bubble chart's figure (bubble_chart): a tab10 colour per circle;
+  each label starts just above its circle and the labels are moved apart
+  until none overlaps another (plotstyle.repel_labels, measured by the
+  renderer), with a leader line from a moved label to its circle's
+  centre."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  largest = max(p[3] for p in points)
+  own_tasks = len({p[4] for p in points}) > 1
+  colors = plotstyle.palette()
+  area = [2500 * p[3] / largest for p in points]  # points^2
+  fig, ax = plt.subplots(figsize=(7.5, 5.5))
+  for i, (_, accuracy, speed, _, _) in enumerate(points):
+    color = colors[i % len(colors)]
+    ax.scatter(
+      speed,
+      accuracy,
+      s=area[i],
+      alpha=0.35,
+      color=color,
+      edgecolors=color,
+      linewidths=1.0,
+    )
+    ax.plot(speed, accuracy, '.', color=color, markersize=3)
+  ax.margins(0.25)
+  ax.set_xlabel(
+    f'speed at length {length}: steps/s '
+    + ('relative to transformer' if relative else '(absolute)')
+  )
+  ax.set_ylabel(label)
+  ax.set_title(
+    f'circle area = peak memory at {length} (XLA memory analysis); '
+    f'largest {largest / 1e9:.3g} GB\n{machine}',
+    fontsize=9,
+  )
+  ax.grid(True, alpha=0.3)
+  fig.tight_layout()
+  ax.set_autoscale_on(False)  # the labels move in the final frame
+  texts = []
+  for i, ((model, accuracy, speed, _, tasks), a) in enumerate(
+    zip(points, area)
+  ):
+    name = f'{model} ({", ".join(tasks)})' if own_tasks else model
+    color = colors[i % len(colors)]
+    texts.append(
+      ax.annotate(
+        name,
+        (speed, accuracy),
+        xytext=(0, np.sqrt(a / np.pi) + 1),  # just above the circle
+        textcoords='offset points',
+        ha='center',
+        va='bottom',
+        fontsize=8,
+        color=plotstyle.darker(color),
+        bbox=dict(boxstyle='round,pad=0.15', fc='white', ec='none', alpha=0.7),
+        arrowprops=dict(
+          arrowstyle='-', color=color, lw=0.9, shrinkA=0, shrinkB=1
+        ),
+      )
+    )
+  plotstyle.repel_labels(ax, texts, avoid=[(p[2], p[1]) for p in points])
+  return fig

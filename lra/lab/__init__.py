@@ -1,1 +1,0 @@
-"""What runs or reads many trainings (lra/__init__.py: the floors)."""
