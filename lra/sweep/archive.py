@@ -21,9 +21,11 @@ import glob
 import os
 import shutil
 import sys
+import tempfile
 
 from absl import app, flags
 
+from lra import commands
 from lra.errors import UserError
 from lra.sweep import runner as sweep_run
 from lra.train import cli, rundir
@@ -40,7 +42,7 @@ def _sweep_json(folder: str, what: str) -> dict:
   if not isinstance(data, dict) or not isinstance(data.get('runs'), list):
     raise UserError(
       f'{what} {folder}: no sweep.json with runs in it; give the --out '
-      'folder of a python -m lra.sweep run.'
+      f'folder of a `{commands.program("sweep")}` run.'
     )
   return data
 
@@ -65,44 +67,111 @@ def _relative_name(entry: dict) -> str:
   return name
 
 
+def _nested(a: str, b: str) -> bool:
+  """Whether real path `a` is `b` or lies inside it."""
+  return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+
+def _check_apart(src: str, dst: str, pairs: list[tuple[str, str]]) -> None:
+  """Refuses, before anything is touched, an archive whose DST is its SRC
+  (a symbolic link included), lies inside it or holds it, or whose run
+  folder in DST would be one of the runs it copies (or hold one, or lie in
+  one): archiving a run into itself deletes it."""
+  real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+  if real_src == real_dst:
+    raise UserError(f'--sweep and --out are both {src}; give another --out.')
+  if _nested(real_dst, real_src) or _nested(real_src, real_dst):
+    inner, outer = (
+      ('--out', '--sweep') if _nested(real_dst, real_src) else
+      ('--sweep', '--out')
+    )  # fmt: skip
+    raise UserError(
+      f'--out {dst} and --sweep {src} overlap ({inner} lies inside '
+      f'{outer}); give an --out folder outside the sweep.'
+    )
+  for source, target in pairs:
+    real_source, real_target = (
+      os.path.realpath(source),
+      os.path.realpath(target),
+    )
+    if _nested(real_target, real_source) or _nested(real_source, real_target):
+      raise UserError(
+        f'--out {dst} would put run {target} on its own run folder '
+        f"{source}; give an --out folder outside the sweep's runs."
+      )
+
+
+def _check_writable(dst: str) -> None:
+  """Creates `dst` and writes a probe file in it, so a read-only or full
+  folder is one sentence before any earlier archive there is touched."""
+  try:
+    os.makedirs(dst, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix='.archive-probe-', dir=dst)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(
+      f'cannot write the archive into --out {dst}: '
+      f'{e.strerror or e}; give a writable folder.'
+    ) from None
+
+
 def archive(src: str, dst: str) -> tuple[int, int]:
   """Archives sweep `src` into `dst` (module docstring); returns (runs
-  copied from src, runs kept from an earlier archive in dst)."""
-  if os.path.abspath(src) == os.path.abspath(dst):
+  copied from src, runs kept from an earlier archive in dst). Checks
+  first (overlapping folders, a read-only DST), then copies each run into
+  a fresh folder beside its place in DST and swaps it in, so a failure
+  midway leaves each of DST's runs whole (the old or the new)."""
+  if os.path.realpath(src) == os.path.realpath(dst):
     raise UserError(f'--sweep and --out are both {src}; give another --out.')
   data = _sweep_json(src, '--sweep')
+  pairs = []
+  for e in data['runs']:
+    if 'name' not in e:
+      continue
+    name = _relative_name(e)
+    pairs.append((e, resolve(src, e.get('workdir')), os.path.join(dst, name)))
+  _check_apart(src, dst, [(s, t) for _, s, t in pairs if s])
   earlier = (
     _sweep_json(dst, '--out')
     if os.path.exists(os.path.join(dst, 'sweep.json'))
     else {}
   )
+  _check_writable(dst)
   entries = sweep_run.earlier_entries(dst)
   copied = 0
-  for e in data['runs']:
-    if 'name' not in e:
-      continue
-    name = _relative_name(e)
-    source = resolve(src, e.get('workdir'))
-    target = os.path.join(dst, name)
-    if os.path.isdir(target):
-      shutil.rmtree(target)
-    os.makedirs(target)
-    if source and os.path.isdir(source):
-      for pattern in KEPT:
-        for path in glob.glob(os.path.join(source, pattern)):
-          shutil.copy2(path, target)
-    entries[name] = dict(e, workdir=name)
-    copied += 1
-  commands = list(earlier.get('commands') or [])
-  for command in [earlier.get('command'), data.get('command')]:
-    if command and command not in commands:
-      commands.append(command)
-  os.makedirs(dst, exist_ok=True)
-  write_json(
-    os.path.join(dst, 'sweep.json'),
-    {'command': data.get('command'), 'commands': commands,
-     'runs': list(entries.values())},
-  )  # fmt: skip
+  try:
+    for e, source, target in pairs:
+      fresh = target + '.archiving'
+      if os.path.isdir(fresh):
+        shutil.rmtree(fresh)
+      os.makedirs(fresh)
+      if source and os.path.isdir(source):
+        for pattern in KEPT:
+          for path in glob.glob(os.path.join(source, pattern)):
+            shutil.copy2(path, fresh)
+      if os.path.isdir(target):
+        shutil.rmtree(target)
+      os.replace(fresh, target)
+      entries[e['name']] = dict(e, workdir=e['name'])
+      copied += 1
+    commands = list(earlier.get('commands') or [])
+    for command in [earlier.get('command'), data.get('command')]:
+      if command and command not in commands:
+        commands.append(command)
+    write_json(
+      os.path.join(dst, 'sweep.json'),
+      {'command': data.get('command'), 'commands': commands,
+       'runs': list(entries.values())},
+    )  # fmt: skip
+  except OSError as e:
+    for _, _, target in pairs:  # a half-copied run is not left behind
+      shutil.rmtree(target + '.archiving', ignore_errors=True)
+    raise UserError(
+      f'archiving into {dst} stopped after {copied} runs: '
+      f'{e.strerror or e} ({e.filename or dst}); free space or give another '
+      '--out, then run the same command again.'
+    ) from None
   return copied, len(entries) - copied
 
 
