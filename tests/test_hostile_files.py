@@ -15,11 +15,10 @@ import sys
 
 from conftest import ROOT
 import pytest
+from test_sweep_archive import write_sweep
 
 from lra.errors import UserError
 from lra.sweep import archive as sweep_archive
-
-from test_sweep_archive import write_sweep
 
 
 def run_module(*args, timeout=120):
