@@ -71,11 +71,13 @@ FLOORS = {
   'lra/bench': ('lra.sweep', 'experiments'),
   'lra/sweep': ('lra.bench', 'experiments'),
 }
-# Modules at the top of lra/: the package (load_run), the error type, and
-# the `python -m` spellings kept from before the floors (each calls the
-# main of the module it names).
+# Modules at the top of lra/: the package (load_run), the error type, the
+# spelling of printed commands (every floor prints hints), and the
+# `python -m` spellings kept from before the floors (each calls the main of
+# the module it names).
 LRA_TOP = {
   '__init__.py',
+  'commands.py',
   'errors.py',
   'prepare.py',
 }

@@ -31,6 +31,7 @@ import os
 
 import numpy as np
 
+from lra import commands
 from lra.errors import UserError
 from lra.report import plotstyle
 from lra.report import tables as report
@@ -472,8 +473,8 @@ def read_benchmark(bench_dir: str) -> list[dict]:
   path = os.path.join(bench_dir, 'benchmark.json')
   if not os.path.exists(path):
     raise UserError(
-      f'No benchmark.json in {bench_dir}; run `python benchmark.py --out '
-      f'{bench_dir}` first.'
+      f'No benchmark.json in {bench_dir}; run '
+      f'`{commands.command("benchmark", "--out", bench_dir)}` first.'
     )
   with open(path) as f:
     return json.load(f)

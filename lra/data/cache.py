@@ -19,6 +19,7 @@ import zlib
 
 import numpy as np
 
+from lra import commands
 from lra.errors import UserError
 
 SPLITS = ('train', 'val', 'test')
@@ -214,7 +215,7 @@ def load_split(cache_dir, split):
   if not has_split(cache_dir, split):
     raise UserError(
       f'No cached {split!r} split in {cache_dir}; run '
-      '`python -m lra.data.prepare <task> --data_dir DIR` first.'
+      f'`{commands.program("prepare")} <task> --data_dir DIR` first.'
     )
   verify_split(cache_dir, split)
   inputs = np.load(

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 
+from lra import commands
 from lra import data as tasks
 from lra.data import cache, download
 from lra.data.dirs import check_dir
@@ -68,8 +69,9 @@ def parse_options(args):
 
 
 def command(task_name, data_dir, options):
-  """The `python -m lra.data.prepare ... --force` line that rebuilds it."""
-  parts = ['python -m lra.data.prepare', task_name]
+  """The `lra-prepare ... --force` line that rebuilds it, spelt as it works
+  where this program runs (lra/commands.py)."""
+  parts = [commands.program('prepare'), task_name]
   if data_dir and os.path.abspath(data_dir) != os.path.abspath(
     tasks.default_data_dir()
   ):
@@ -93,7 +95,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser():
   parser = _Parser(
-    prog='python -m lra.data.prepare', description=__doc__.split('\n')[0]
+    prog=commands.program('prepare'), description=__doc__.split('\n')[0]
   )
   parser.add_argument('task', help=f'one of: {", ".join(tasks.TASKS)}')
   parser.add_argument(

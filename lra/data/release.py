@@ -12,6 +12,7 @@ that same directory, and only when it holds no prepared copy.
 import logging
 import os
 
+from lra import commands
 from lra.data import tfrecord
 from lra.errors import UserError
 
@@ -102,8 +103,8 @@ def find(source, paths, readers, *, task, data_dir, dataset, archive, url):
   if source == 'tfds':
     raise UserError(
       f'No prepared TFDS {TFDS_DATASETS[task][0]} in {root} ({why}): it '
-      f'needs {tfds_layout(task)}; run `python -m lra.data.prepare {task} '
-      f'--download --source tfds`, or set ${TFDS_ENV} to the TFDS data '
+      f'needs {tfds_layout(task)}; run `{commands.program("prepare")} '
+      f'{task} --download --source tfds`, or set ${TFDS_ENV} to the TFDS data '
       'directory that holds it.'
     )
   raise UserError(

@@ -93,8 +93,10 @@ import sys
 
 from absl import app, flags
 
+from lra import commands
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
+from lra.sweep import spec as sweep_spec
 from lra.sweep.estimate import DEFAULT_BENCH, dry_run
 from lra.sweep.plan import OVERRIDE, Catalogue, plan, run_config
 from lra.sweep.runner import Sweep
@@ -117,6 +119,15 @@ def define_flags() -> None:
     'sizes, configs/mqar.py) or none (default: none, the reference).',
   )
   flags.DEFINE_string('out', None, 'Sweep folder: OUT/<task>/<model>[-preset].')
+  flags.DEFINE_string(
+    'sweep',
+    None,
+    'FILE.py:FN: the sweep written as a Python file, FN() returning a dict '
+    '(or a list of dicts, one sweep each) of tasks, models, preset, grid, '
+    'config and out (a folder below --out); lra/sweep/spec.py. Flags beside '
+    "it win: --tasks, --models, --preset replace the file's; --grid and "
+    "--config.* add keys or replace the file's values of the same key.",
+  )
   flags.DEFINE_multi_string(
     'grid',
     [],
@@ -237,22 +248,51 @@ def checked_argv(argv: list[str], required: tuple, example: str) -> list:
   return [a for a in argv[1:] if OVERRIDE.match(a)]
 
 
-def execute(runs, module: str) -> int | None:
-  """--dry_run prints the runs (None); else runs them into --out and
-  returns the sweep's exit status (a sweep's, a probe's command line)."""
+def execute(runs, module: str, out: str | None = None) -> int | None:
+  """--dry_run prints the runs (None); else runs them into `out` (default
+  --out) and returns the sweep's exit status (a sweep's, a probe's command
+  line)."""
   f = flags.FLAGS
+  out = out or f.out
   retry = f['retry_diverged'].value if 'retry_diverged' in f else False
   if f.dry_run:
     probe = f['probe'].value if 'probe' in f else True
     seconds = f['probe_seconds'].value if 'probe_seconds' in f else 2.0
-    dry_run(runs, f.bench, probe, seconds, out=f.out, retry_diverged=retry)
+    dry_run(runs, f.bench, probe, seconds, out=out, retry_diverged=retry)
     return None
   if f.bench:
     raise UserError('--bench is read by --dry_run only; add --dry_run.')
-  validate.check_dir(f.out, '--out')
+  validate.check_dir(out, '--out')
   command = shlex.join(['python', '-m', module, *sys.argv[1:]])
   jobs = f['jobs'].value if 'jobs' in f else 1
-  return Sweep(runs, f.out, command, jobs=jobs, retry_diverged=retry).run()
+  return Sweep(runs, out, command, jobs=jobs, retry_diverged=retry).run()
+
+
+def sweep_parts(overrides: list[str]) -> list[sweep_spec.Part]:
+  """The sweeps one command line asks for: its flags' one, or --sweep
+  FILE.py:FN's parts with the flags laid over them (lra/sweep/spec.py)."""
+  f = flags.FLAGS
+  grid = sweep_grid.parse(f.grid, overrides)
+  if not f.sweep:
+    return [
+      sweep_spec.Part(
+        f.tasks, f.models, f.preset, grid, tuple(overrides), f.out
+      )
+    ]
+  parts = sweep_spec.load(f.sweep)
+  return [
+    sweep_spec.merge(
+      part,
+      tasks=f.tasks,
+      models=f.models,
+      preset=f.preset if f['preset'].present else None,
+      grid=grid,
+      overrides=overrides,
+      out=f.out,
+      where=f.sweep + (f' part {i}' if len(parts) > 1 else ''),
+    )
+    for i, part in enumerate(parts, 1)
+  ]
 
 
 def main(argv: list[str]) -> None:
@@ -260,23 +300,32 @@ def main(argv: list[str]) -> None:
   try:
     overrides = checked_argv(
       argv,
-      ('tasks', 'models', 'out'),
-      'python -m lra.sweep --tasks listops --models all --preset small '
-      '--out runs/sweep',
+      ('out',) if f.sweep else ('tasks', 'models', 'out'),
+      f'{commands.program("sweep")} --tasks listops --models all --preset '
+      'small --out runs/sweep',
     )
-    grid = sweep_grid.parse(f.grid, overrides)
-    runs = plan(
-      f.tasks,
-      f.models,
-      f.preset,
-      f.out,
-      overrides,
-      catalogue=catalogue(),
-      grid=grid,
-    )
-    check_grid(runs)
-    status = execute(runs, 'lra.sweep.main')
-    if status is not None:
+    planned = []
+    for part in sweep_parts(overrides):
+      runs = plan(
+        part.tasks,
+        part.models,
+        part.preset,
+        part.out,
+        part.overrides,
+        catalogue=catalogue(),
+        grid=part.grid,
+      )
+      check_grid(runs)
+      planned.append((part.out, runs))
+    status = 0
+    for i, (out, runs) in enumerate(planned, 1):
+      if len(planned) > 1:
+        print(f'Sweep {i} of {len(planned)}: {out}', flush=True)
+      code = execute(runs, 'lra.sweep.main', out=out)
+      if code == 130:
+        sys.exit(code)
+      status = max(status, code or 0)
+    if not f.dry_run:
       sys.exit(status)
   except UserError as e:
     print(f'error: {e}', file=sys.stderr)

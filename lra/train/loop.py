@@ -25,6 +25,7 @@ import jax
 from ml_collections import ConfigDict
 import numpy as np
 
+from lra import commands
 from lra import data as tasks
 from lra.errors import NON_FINITE_STOP, UserError
 from lra.train import (
@@ -41,6 +42,7 @@ from lra.train.build import at_length, create_state, init_from
 from lra.train.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.train.lock import workdir_lock
 from lra.train.metrics import MetricsLog, TensorBoard, selection
+from lra.train.oom import out_of_memory
 from lra.train.prefetch import Prefetcher
 from lra.train.progress import NonFiniteLoss, Progress
 
@@ -508,8 +510,9 @@ def where_results(workdir: str, tensorboard: bool) -> str:
   """The final line: where the results, the curves and the TensorBoard
   scalars of a run are."""
   line = (
-    f'Results: {os.path.join(workdir, "results.json")}; curves: python '
-    f'eval.py --plot {workdir} (writes {workdir}/curves_*.png)'
+    f'Results: {os.path.join(workdir, "results.json")}; curves: '
+    f'{commands.command("eval", "--plot", workdir)} (writes '
+    f'{os.path.join(workdir, "curves_*.png")})'
   )
   if tensorboard:
     board = os.path.join(workdir, TensorBoard.DIR)
@@ -666,12 +669,6 @@ def train_and_evaluate(
       if fresh and not any(saved_steps(workdir).values()):
         shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is kept
       raise memory_error(config) from None
-
-
-def out_of_memory(e: Exception) -> bool:
-  """Whether XLA ran out of memory (compiling or running a step)."""
-  text = f'{type(e).__name__} {e}'.lower()
-  return 'resource_exhausted' in text or 'out of memory' in text
 
 
 def memory_error(config: ConfigDict) -> UserError:

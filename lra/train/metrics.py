@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from lra import commands
 from lra.errors import UserError
 from lra.train.wandb_log import WandbLog
 
@@ -107,12 +108,18 @@ class TensorBoard:
 
   DIR = 'tensorboard'
   FLUSH_SECS = 30
-  HINT = (
-    'note: pip install tensorboardX to also get TensorBoard scalars '
-    '(tensorboard --logdir WORKDIR/tensorboard); metrics.jsonl and '
-    '`python eval.py --plot WORKDIR` work without it.'
-  )
   hinted = False
+
+  @classmethod
+  def hint(cls, workdir):
+    """The note printed once when tensorboardX is missing: its commands
+    spelt as they work where this program runs (lra/commands.py)."""
+    board = os.path.join(workdir, cls.DIR)
+    return (
+      'note: pip install tensorboardX to also get TensorBoard scalars '
+      f'(tensorboard --logdir {board}); metrics.jsonl and '
+      f'`{commands.command("eval", "--plot", workdir)}` work without it.'
+    )
 
   def __init__(self, writer, event_pb2, summary_pb2):
     self.writer, self.event_pb2 = writer, event_pb2
@@ -128,7 +135,7 @@ class TensorBoard:
       from tensorboardX.proto import event_pb2, summary_pb2
     except ImportError:
       if not cls.hinted:
-        print(cls.HINT, flush=True)
+        print(cls.hint(workdir), flush=True)
         cls.hinted = True
       return None
     folder = os.path.join(workdir, cls.DIR)
