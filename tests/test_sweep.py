@@ -269,12 +269,12 @@ def test_unknown_names_are_one_sentence(tmp_path):
   proc = run_sweep('--tasks=listopz', '--models=all', f'--out={tmp_path}')
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
-    "error: Unknown name 'listopz' in --tasks; valid: all, listops, text, "
+    "error: Unknown task 'listopz' in --tasks; valid: all, listops, text, "
     'retrieval, image, pathfinder, pathx, mqar.'
   ]
   with pytest.raises(UserError, match=r"'performr' in --models; valid: all, "):
     plan('listops', 'transformer,performr', 'small', 'x')
-  with pytest.raises(UserError, match='leaves nothing to run'):
+  with pytest.raises(UserError, match="'local,-local' leaves no model to run"):
     plan('listops', 'local,-local', 'small', 'x')
   with pytest.raises(UserError, match="preset 'big' in --preset; valid: none"):
     plan('listops', 'all', 'big', 'x')

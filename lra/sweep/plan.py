@@ -16,6 +16,7 @@ from lra import data as tasks
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
 from lra.train import cli
+from lra.train.names import select_names
 
 ROOT = os.path.dirname(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,27 +95,6 @@ def _from_cwd(path):
   return full if rel.startswith('..') else rel
 
 
-def select_names(spec: str, known: tuple, flag: str) -> list[str]:
-  """'all' or 'a,b,-c' -> names in the order given; one sentence when a
-  name is unknown or none is left."""
-  items = [s.strip() for s in spec.split(',') if s.strip()]
-  drop = {s[1:] for s in items if s.startswith('-')}
-  keep = [s for s in items if not s.startswith('-')]
-  names = [n for k in keep for n in (known if k == 'all' else [k])]
-  bad = [n for n in [*keep, *drop] if n not in known and n != 'all']
-  if bad:
-    raise UserError(
-      f'Unknown name {bad[0]!r} in {flag}; valid: all, {", ".join(known)}.'
-    )
-  names = [n for n in dict.fromkeys(names) if n not in drop]
-  if not names:
-    raise UserError(
-      f'{flag} {spec!r} leaves nothing to run; name at least one, e.g. '
-      f'{flag} {known[0]}.'
-    )
-  return names
-
-
 # Overrides that a self-pretraining preset's pretraining run alone takes
 # (its fine-tune classifies); every other override goes to both.
 PRETRAINING_KEYS = ('objective', 'mask_rate', 'model.tie_lm_head')
@@ -161,8 +141,10 @@ def plan(
     raise UserError(
       f'Unknown preset {preset!r} in --preset; valid: none, {", ".join(known)}.'
     )
-  task_names = select_names(task_spec, tuple(tasks.TASKS), '--tasks')
-  model_names = select_names(model_spec, catalogue.models, '--models')
+  task_names = select_names(task_spec, tasks.TASKS, '--tasks', noun='task')
+  model_names = select_names(
+    model_spec, catalogue.models, '--models', noun='model'
+  )
   overrides = tuple(overrides)
   if preset not in catalogue.fine_tune:
     return [
