@@ -412,13 +412,31 @@ def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
       out.append(float(metrics['loss']))
     return np.array(out)
 
+  # Which scan each run traces, observed directly (issue #51: a check that
+  # the two runs' losses differ proved nothing when both scans rounded
+  # alike): the default run must trace the model's own scan, the second
+  # the step loop, each at least once.
+  default_scan_for, traced = models.mixers.mamba.scan_for, []
+
+  def recording_scan_for(kernel):
+    scan = default_scan_for(kernel)
+    traced.append(scan)
+    return scan
+
+  def reference_scan(*args):
+    traced.append(step_loop_time_major)
+    return step_loop_time_major(*args)
+
+  monkeypatch.setattr(models.mixers.mamba, 'scan_for', recording_scan_for)
   fast = losses()  # the default scan (the C++ kernel on a CPU)
+  assert traced and step_loop_time_major not in traced
+  del traced[:]
   monkeypatch.setattr(
-    models.mixers.mamba, 'scan_for', lambda kernel: step_loop_time_major
+    models.mixers.mamba, 'scan_for', lambda kernel: reference_scan
   )
   reference = losses()
+  assert traced and set(traced) == {step_loop_time_major}  # swapped
   assert fast[-1] < fast[0] - 0.05  # it trains
-  assert not np.array_equal(fast, reference)  # the swap took effect
   np.testing.assert_allclose(fast, reference, rtol=2e-5)
 
 
