@@ -160,3 +160,103 @@ def test_archive_stopped_by_a_full_disk_keeps_each_run_whole(
   assert 'run the same command again' in str(e.value)
   after = tree('docs/a')
   assert after == before
+
+
+# --------------------------------------------- the built kernel's cache
+MAMBA_SCAN = """
+import jax, jax.numpy as jnp
+from models.mixers import mamba
+f = mamba.scan_for({kernel!r})
+k = jax.random.split(jax.random.key(0), 4)
+y = f(jax.random.normal(k[0], (16, 2, 8)),
+      jax.nn.softplus(jax.random.normal(k[1], (16, 2, 8))),
+      -jnp.ones((2, 4, 8)), jax.random.normal(k[2], (16, 2, 4)),
+      jax.random.normal(k[3], (16, 2, 4)), 4)
+print('native' if f is mamba.mamba_native.scan_time_major else 'xla',
+      float(jnp.abs(y).sum()))
+"""
+
+
+def mamba_scan(cache, kernel='auto', **env):
+  return subprocess.run(
+    [sys.executable, '-c', MAMBA_SCAN.format(kernel=kernel)],
+    cwd=ROOT, capture_output=True, text=True, timeout=600,
+    env=dict(os.environ, LRA_CACHE_DIR=str(cache), JAX_PLATFORMS='cpu', **env),
+  )  # fmt: skip
+
+
+def test_a_truncated_kernel_in_the_build_cache_is_rebuilt(tmp_path):
+  """A library cut short (a build stopped by a full disk, a copied cache)
+  is never loaded (that is a Bus error): its checksum differs, it is
+  rebuilt, and the scan gives the same numbers."""
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  if not (shutil.which('c++') or shutil.which('g++')):
+    pytest.skip('no C++ compiler here')
+  first = mamba_scan(tmp_path)
+  assert first.returncode == 0, first.stderr[-2000:]
+  assert first.stdout.startswith('native'), first.stdout + first.stderr
+  (library,) = tmp_path.glob('mamba_scan_*.so')
+  assert (tmp_path / (library.name + '.sha256')).exists()
+  size = library.stat().st_size
+  with open(library, 'r+b') as f:
+    f.truncate(size // 2)
+  again = mamba_scan(tmp_path)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert again.stdout == first.stdout
+  assert 'damaged or unchecked; rebuilding it' in again.stderr
+  assert library.stat().st_size == size
+  assert not list(tmp_path.glob('*.tmp')) and len(os.listdir(tmp_path)) == 2
+
+
+def test_the_cache_loads_only_a_library_whose_checksum_matches(
+  tmp_path, monkeypatch
+):
+  """_build returns a cached library without compiling only when its
+  stamp matches; otherwise it compiles a fresh one (a fake compiler here)
+  and writes library and stamp through renames."""
+  from models.mixers import mamba_native  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setenv('LRA_CACHE_DIR', str(tmp_path))
+  monkeypatch.setenv('CXX', '/usr/bin/true')
+  built = []
+
+  def compiler(command, **kwargs):
+    built.append(command)
+    with open(command[command.index('-o') + 1], 'wb') as f:
+      f.write(b'\x7fELF fresh library')
+    return subprocess.CompletedProcess(command, 0, '', '')
+
+  monkeypatch.setattr(mamba_native.subprocess, 'run', compiler)
+  library = mamba_native._build()
+  assert len(built) == 1 and library.read_bytes() == b'\x7fELF fresh library'
+  assert mamba_native._build() == library and len(built) == 1  # checked, kept
+  for damage in (b'\x7fELF fre', b'\x7fELF other library'):
+    library.write_bytes(damage)  # truncated, then changed
+    assert mamba_native._build() == library
+    assert library.read_bytes() == b'\x7fELF fresh library'
+  assert len(built) == 3
+  os.remove(str(library) + '.sha256')  # an entry made before stamps
+  mamba_native._build()
+  assert len(built) == 4
+  assert sorted(os.listdir(tmp_path)) == [
+    library.name,
+    library.name + '.sha256',
+  ]
+
+
+@pytest.mark.parametrize('kernel', ['auto', 'native'])
+def test_without_a_compiler_auto_falls_back_in_one_line_native_refuses(
+  tmp_path, kernel
+):
+  proc = mamba_scan(tmp_path, kernel, CXX=str(tmp_path / 'no-such-compiler'))
+  lines = proc.stderr.strip().splitlines()
+  if kernel == 'auto':
+    assert proc.returncode == 0 and proc.stdout.startswith('xla'), proc.stderr
+    said = [ln for ln in lines if 'mamba: the XLA scan is used' in ln]
+    assert len(said) == 1, proc.stderr
+  else:
+    assert proc.returncode == 1  # a UserError raised in a bare script
+    assert 'scan_kernel=native cannot run' in lines[-1]
+    assert 'the XLA scan is used' not in proc.stderr
+  assert not list(tmp_path.glob('*.so*'))

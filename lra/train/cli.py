@@ -53,28 +53,19 @@ def _model_of(argv):
   return spec.split(':', 1)[1].split(',')[0].strip() or 'transformer'
 
 
-# How an unknown --config.model.attention.<option> is explained: a function
-# (model, key, suggestion, name, core=None) -> sentence or None, handed in
-# by the scripts (train.py, eval.py, benchmark.py pass
-# configs.models.option_sentence): the harness itself knows no core.
-_option_sentence = None
-
-
-def set_option_sentence(fn):
-  """Sets the explainer of unknown attention options (see above)."""
-  global _option_sentence
-  _option_sentence = fn
-
-
 def _attention_sentence(e, argv):
   """The sentence for an unknown --config.model.attention.<option> (its
-  core's options and defaults), or None when e is about another key or no
-  explainer was set."""
+  core's options and defaults; lra/train/options.py), or None when e is
+  about another key."""
   key, suggestion = _missing_key(e)
   given = attention_flags(argv)
-  if key is None or key not in given or _option_sentence is None:
+  if key is None or key not in given:
     return None
-  return _option_sentence(_model_of(argv), key, suggestion, given.get('name'))
+  from lra.train import options  # pylint: disable=g-import-not-at-top
+
+  return options.option_sentence(
+    _model_of(argv), key, suggestion, given.get('name')
+  )
 
 
 def _sentence(e, argv=None):
@@ -188,10 +179,10 @@ def config_from_argv(argv):
   parsed in-process by the same absl + config_flags parser; UserError with
   train.py's one sentence when they are wrong. argv holds --config flags
   only."""
+  from lra.train import config as config_loader  # pylint: disable=g-import-not-at-top
+
   values = flags.FlagValues()
-  config_flags.DEFINE_config_file(
-    'config', None, '', flag_values=values, lock_config=True, sys_argv=argv
-  )
+  config_loader.define_config_flag(flag_values=values, sys_argv=argv)
   try:
     with warnings.catch_warnings():
       # ml_collections loads the config file with load_module(), which
@@ -250,20 +241,23 @@ def override_config(config, overrides, only='model.attention.'):
     values(argv)
   except _PARSE_ERRORS as e:
     key, suggestion = _missing_key(e)
-    if key is not None and key in attention_flags(argv) and _option_sentence:
+    if key is not None and key in attention_flags(argv):
+      from lra.train import options  # pylint: disable=g-import-not-at-top
+
       core = config.model.attention.name
       raise UserError(
-        _option_sentence(None, key, suggestion, None, core=core)
+        options.option_sentence(None, key, suggestion, None, core=core)
       ) from None
     raise UserError(_sentence(e)) from None
   return values.config
 
 
 def define_process_flags():
-  """The multi-process flags of train.py and eval.py (lra.train.processes.initialize):
-  all three of --coordinator_address, --num_processes, --process_id (the
-  same command on every process, each with its own id), or --distributed
-  alone (JAX detects TPU pods and SLURM/Open MPI clusters)."""
+  """The multi-process flags of train.py and eval.py
+  (lra.train.processes.initialize): all three of --coordinator_address,
+  --num_processes, --process_id (the same command on every process, each
+  with its own id), or --distributed alone (JAX detects TPU pods and
+  SLURM/Open MPI clusters)."""
   flags.DEFINE_bool(
     'distributed',
     False,
@@ -301,8 +295,8 @@ def initialize_processes():
 def exit_with_error(e):
   """Prints the one-sentence error and exits with status 2. In a
   multi-process run it leaves the message for the others (whose watchers,
-  lra.train.processes, print it and exit with 2 too) and ends at once (os._exit),
-  skipping JAX's shutdown barrier that would wait for them."""
+  lra.train.processes, print it and exit with 2 too) and ends at once
+  (os._exit), skipping JAX's shutdown barrier that would wait for them."""
   print(f'error: {e}', file=sys.stderr, flush=True)
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -324,11 +318,17 @@ def quiet_logs():
     logging.set_verbosity(logging.WARNING)
 
 
-def run_main(main, flags_parser=None):
+def run_main(main, flags_parser=None, usage=None):
   """absl's app.run(main), with Ctrl-C at any moment a clean stop: one
   line, exit status 130, no traceback (train.py's loop saves first: its
-  own handler)."""
+  own handler). usage: the text --help prints above the flags (absl reads
+  the __main__ module's docstring: a shim's, a console script's or the
+  program's own; the program's is given so that all print it)."""
   from absl import app  # pylint: disable=g-import-not-at-top
+
+  main_module = sys.modules.get('__main__')
+  if usage and main_module is not None:
+    main_module.__doc__ = usage
 
   try:
     if flags_parser is None:

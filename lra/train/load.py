@@ -1,4 +1,5 @@
-"""A trained run back in one call: `lra.load_run(workdir)`.
+"""A trained run back in one call: `lra.load_run(workdir)`; the one way the
+project opens a run's checkpoint (eval.py is built on it).
 
   from lra import load_run
   run = load_run('runs/listops')            # the best-validation checkpoint
@@ -7,8 +8,13 @@
   run.evaluate('test')                      # {'loss', 'accuracy', 'count'}
 
 `run.model` is the NNX model holding the checkpoint's weights (call it as
-the steps do: `logits, aux = run.model(tokens, key=None)`). Works from any
-directory once the project is installed (`pip install -e .`).
+the steps do: `logits, aux = run.model(tokens, key=None)`). The workdir is
+a path (a relative one is read from the working directory); this works
+from any directory once the project is installed (`pip install .`).
+
+A step is looked up in the checkpoint set asked for, then in the other one
+(the best step may be gone from `latest`, a late step is only there);
+every failure is one sentence (UserError) naming the saved steps.
 """
 
 import dataclasses
@@ -22,7 +28,7 @@ import numpy as np
 
 from lra import data as tasks
 from lra.errors import UserError
-from lra.train import build, rundir, runtime, steps
+from lra.train import build, objectives, rundir, runtime, steps
 from lra.train.checkpoints import WHICH, CheckpointError, Checkpoints
 
 
@@ -40,6 +46,9 @@ class Run:
   # (model, optimizer) as the steps take them: the eval step's input.
   graphdef: nnx.GraphDef = dataclasses.field(repr=False)
   state: nnx.State = dataclasses.field(repr=False)
+  # The batch sharding of the mesh the state was placed on (None: one
+  # device, placed by jit).
+  batch_sharding: object = dataclasses.field(default=None, repr=False)
 
   def predict(self, inputs) -> np.ndarray:
     """Logits of the model on a batch of token ids (int [B, L], padded with
@@ -53,15 +62,43 @@ class Run:
     graphdef, state = nnx.split(self.model)
     return np.asarray(_forward(graphdef, state, inputs))
 
-  def evaluate(self, split: str = 'test') -> dict:
-    """Exact loss and accuracy of the model on a whole split of its task's
-    data (the same numbers as eval.py --split)."""
+  def evaluate(self, split: str = 'test', progress: bool = False) -> dict:
+    """Exact metrics of the model on a whole split of its task's data
+    (classification: loss, accuracy, count; an LM objective: its loss and
+    token accuracy), as eval.py --split reports them; progress: show the
+    data preparation and a bar."""
     if split not in ('train', 'val', 'test'):
       raise UserError(f'split must be train, val or test, got {split!r}.')
-    data = runtime.load_data(self.config, self.task, progress=False)
-    eval_step = steps.make_eval_step(self.graphdef)
+    data = runtime.load_data(self.config, self.task, progress=progress)
+    eval_step = steps.make_eval_step(
+      self.graphdef, objectives.in_step(self.config, self.task)
+    )
     return runtime.evaluate(
-      eval_step, self.state, data[split], self.config, None
+      eval_step,
+      self.state,
+      data[split],
+      self.config,
+      self.batch_sharding,
+      desc=split if progress else '',
+    )
+
+  def at_length(self, max_length: int, replicated=None) -> 'Run':
+    """The run with its model built at another input length (a learned
+    position table extended by copying its trained rows,
+    lra/train/build.py at_length; UserError where a parameter depends on
+    the length)."""
+    if max_length == self.config.max_length:
+      return self
+    graphdef, state = build.at_length(
+      self.config, self.task, replicated, self.state, max_length
+    )
+    config = self.config.copy_and_resolve_references()
+    with config.unlocked():
+      config.max_length = max_length
+    config.lock()
+    model, _ = nnx.merge(graphdef, state)
+    return dataclasses.replace(
+      self, config=config, model=model, graphdef=graphdef, state=state
     )
 
 
@@ -70,38 +107,87 @@ def _forward(graphdef, state, inputs):
   return nnx.merge(graphdef, state)(inputs, key=None)[0]
 
 
-def load_run(workdir: str, which: str = 'best', step: int | None = None) -> Run:
-  """The run in `workdir` with the weights of its `which` checkpoint ('best':
-  best validation, or 'latest') at `step` (default: the newest kept)."""
-  path = os.path.join(workdir, 'config.json')
-  saved = rundir.read_config(workdir) if os.path.exists(path) else None
+def saved_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config as train.py saved it (config.json, without its
+  resume records), unlocked; UserError when there is none."""
+  path = os.path.join(workdir, rundir.CONFIG)
+  if not os.path.exists(path):
+    raise UserError(
+      f'{path} does not exist; give the workdir of a run started by '
+      'train.py.'
+    )
+  saved = rundir.read_config(workdir)
   if saved is None:
     raise UserError(
-      f'{path} is missing or unreadable; give the workdir of a run started '
-      'by train.py.'
+      f'{path} is not a readable config (not a JSON object); give the '
+      'workdir of a run started by train.py.'
     )
+  return ml_collections.ConfigDict(rundir.without_changes(saved))
+
+
+def _saved(ckpt: Checkpoints) -> str:
+  latest, best = ckpt.all_steps('latest'), ckpt.all_steps('best')
+  return f'saved: latest {latest}, best {best}'
+
+
+def find_step(ckpt: Checkpoints, workdir: str, which: str, step: int | None):
+  """(which, step) of the checkpoint to open: the newest of `which`, or
+  `step` in `which` or else in the other set; UserError naming the saved
+  steps when there is none."""
   if which not in WHICH:
     raise UserError(f'which must be one of {", ".join(WHICH)}, got {which!r}.')
-  config = ml_collections.ConfigDict(rundir.without_changes(saved))
+  if step is None:
+    kept = ckpt.all_steps(which)
+    if kept:
+      return which, max(kept)
+    raise UserError(
+      f'{workdir} has no {which} checkpoint ({_saved(ckpt)}); train the '
+      'run first.'
+    )
+  for w in (which, *(w for w in WHICH if w != which)):
+    if step in ckpt.all_steps(w):
+      return w, step
+  raise UserError(
+    f'{workdir} has no checkpoint at step {step} ({_saved(ckpt)}); give '
+    'a saved step.'
+  )
+
+
+def load_run(
+  workdir: str,
+  which: str = 'best',
+  step: int | None = None,
+  *,
+  config: ml_collections.ConfigDict | None = None,
+  shardings: tuple | None = None,
+) -> Run:
+  """The run in `workdir` with the weights of its `which` checkpoint ('best':
+  best validation, or 'latest') at `step` (default: the newest kept; a
+  step not in `which` is looked for in the other set). config: the run's
+  saved config with changes that keep the parameters' shapes (eval.py's
+  --data_dir and attention options; default: saved_config). shardings:
+  (replicated, batch) of a mesh to place the state on
+  (lra/train/runtime.py make_mesh; default: one device)."""
+  if which not in WHICH:
+    raise UserError(f'which must be one of {", ".join(WHICH)}, got {which!r}.')
+  config = saved_config(workdir) if config is None else config
   config.lock()
   task = tasks.get_task(config.task)
-  graphdef, state = build.create_state(config, task, None)
+  replicated, batch_sharding = shardings or (None, None)
+  graphdef, state = build.create_state(config, task, replicated)
   ckpt = Checkpoints(os.path.abspath(workdir), keep=config.keep_checkpoints)
   try:
-    kept = ckpt.all_steps(which)
-    if not kept or (step is not None and step not in kept):
-      shown = ', '.join(map(str, kept)) or 'none'
-      raise UserError(
-        f'{workdir} has no {which} checkpoint'
-        + (f' at step {step}' if step is not None else '')
-        + f' (kept: {shown}); train it first or pick a kept step.'
-      )
-    step = max(kept) if step is None else step
+    which, step = find_step(ckpt, workdir, which, step)
     try:
       state, _ = ckpt.restore(which, step, state)
     except CheckpointError as e:
-      raise UserError(f'{e.what}; train the run again.') from None
+      raise UserError(
+        f'{e.what}; evaluate another saved one ({_saved(ckpt)}) or train '
+        'the run again.'
+      ) from None
   finally:
     ckpt.close(quiet=True)
   model, _ = nnx.merge(graphdef, state)
-  return Run(workdir, config, task, model, which, step, graphdef, state)
+  return Run(
+    workdir, config, task, model, which, step, graphdef, state, batch_sharding
+  )

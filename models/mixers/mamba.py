@@ -330,10 +330,14 @@ def _native_or_why():
   """'' when the C++ scan runs here (CPU backend, built), else why not."""
   if jax.default_backend() != 'cpu':
     return f'the backend is {jax.default_backend()}, not cpu'
-  why = mamba_native.available()
-  if why:
-    _LOG.warning('mamba: the XLA scan is used (%s).', why)
-  return why
+  return mamba_native.available()
+
+
+@functools.cache
+def _say_fallback(why):
+  """The one line that says scan_kernel 'auto' runs the XLA scan (once a
+  process; scan_kernel 'native' raises instead, without this line)."""
+  _LOG.warning('mamba: the XLA scan is used (%s).', why)
 
 
 def scan_for(kernel):
@@ -351,6 +355,8 @@ def scan_for(kernel):
       f'mamba scan_kernel=native cannot run: {why}; set '
       '--config.model.attention.scan_kernel=auto (or xla).'
     )
+  if jax.default_backend() == 'cpu':  # elsewhere the XLA scan is the rule
+    _say_fallback(why)
   return scan_time_major
 
 

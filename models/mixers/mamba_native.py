@@ -16,7 +16,10 @@ $LRA_MAMBA_CXXFLAGS) against jaxlib's FFI headers, -O3 -march=native
 -ffast-math, named by a hash of the source, the flags, the compiler, the
 jaxlib version and the CPU's model and flags (a cache shared by different
 CPUs keeps one library each); a build writes a temp file and renames it
-(parallel processes may build at once). $LRA_MAMBA_THREADS caps its
+(parallel processes may build at once), with the library's sha256 in a
+`.sha256` file beside it: a library is loaded only when its checksum
+matches (a truncated one would kill the process with a Bus error), else it
+is rebuilt. $LRA_MAMBA_THREADS caps its
 threads.
 Where no compiler works, or off the CPU, mamba.py keeps its XLA scan and
 says once why (`available()`'s reason). `--config.model.attention.
@@ -26,6 +29,7 @@ scan_kernel=xla` chooses the XLA form everywhere.
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import pathlib
 import platform
@@ -44,6 +48,7 @@ _FLAGS = (
   '-std=c++17', '-shared', '-fPIC', '-pthread', '-w',
 ) + tuple(os.environ.get('LRA_MAMBA_CXXFLAGS', '').split())  # fmt: skip
 _FORWARD, _BACKWARD = 'lra_mamba_scan_forward', 'lra_mamba_scan_backward'
+_LOG = logging.getLogger(__name__)
 
 
 def _cache_dir():
@@ -64,8 +69,44 @@ def _cpu_signature():
   return ' '.join(sorted({x for x in lines if x.startswith(wanted)}))
 
 
+def _stamp(library):
+  """The file beside a built library holding its sha256 (hex), written by
+  the build that made it."""
+  return library.with_name(library.name + '.sha256')
+
+
+def _digest(path):
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _whole(library):
+  """Whether a cached library is the one its build wrote: its sha256 equals
+  its stamp's. Loading a truncated shared library (a build cut off by a
+  full disk, a copied cache) is a Bus error that kills the process, so
+  nothing is loaded unchecked; a library without a stamp (made before
+  stamps, or its build cut off) is rebuilt."""
+  try:
+    return _stamp(library).read_text().strip() == _digest(library)
+  except OSError:
+    return False
+
+
+def _write_atomically(path, data):
+  """Writes `data` (bytes) to `path` through a temp file and a rename."""
+  fd, tmp = tempfile.mkstemp(suffix='.tmp', dir=path.parent)
+  try:
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it in a shared cache
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
 def _build():
-  """Path of the compiled library (built if missing); raises OSError or
+  """Path of the compiled library (built if missing, rebuilt if its
+  checksum does not match); raises OSError or
   subprocess.CalledProcessError with the compiler's message."""
   cxx = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
   if not cxx:
@@ -75,7 +116,12 @@ def _build():
   key = hashlib.sha256(source + signature.encode()).hexdigest()[:16]
   target = _cache_dir() / f'mamba_scan_{key}.so'
   if target.exists():
-    return target
+    if _whole(target):
+      return target
+    _LOG.warning(
+      'mamba: the cached kernel %s is damaged or unchecked; rebuilding it.',
+      target,
+    )
   target.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(suffix='.so', dir=target.parent)
   os.close(fd)
@@ -86,6 +132,11 @@ def _build():
     if done.returncode:  # libmvec missing: exp stays scalar
       command.remove('-lmvec')
       subprocess.run(command, capture_output=True, text=True, check=True)
+    # The stamp first, then the library: a reader that finds the library
+    # finds its stamp (a stale stamp only makes it rebuild).
+    _write_atomically(
+      _stamp(target), _digest(pathlib.Path(tmp)).encode() + b'\n'
+    )
     os.replace(tmp, target)
   finally:
     if os.path.exists(tmp):
