@@ -93,7 +93,6 @@ import sys
 
 from absl import app, flags
 
-from lra import commands
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
 from lra.sweep import spec as sweep_spec
@@ -301,8 +300,8 @@ def main(argv: list[str]) -> None:
     overrides = checked_argv(
       argv,
       ('out',) if f.sweep else ('tasks', 'models', 'out'),
-      f'{commands.program("sweep")} --tasks listops --models all --preset '
-      'small --out runs/sweep',
+      'python -m lra.sweep --tasks listops --models all --preset small '
+      '--out runs/sweep',
     )
     planned = []
     for part in sweep_parts(overrides):
