@@ -93,6 +93,7 @@ import sys
 
 from absl import app, flags
 
+from lra import commands
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
 from lra.sweep import spec as sweep_spec
@@ -300,8 +301,8 @@ def main(argv: list[str]) -> None:
     overrides = checked_argv(
       argv,
       ('out',) if f.sweep else ('tasks', 'models', 'out'),
-      'python -m lra.sweep --tasks listops --models all --preset small '
-      '--out runs/sweep',
+      f'{commands.program("sweep")} --tasks listops --models all --preset '
+      'small --out runs/sweep',
     )
     planned = []
     for part in sweep_parts(overrides):
