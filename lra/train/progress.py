@@ -8,9 +8,19 @@ reads everything pending at once. Reading stops the run on a non-finite
 loss or diverged parameters (NonFiniteLoss naming the step), writes the
 metrics.jsonl train row and updates the bar. steps/s counts training steps
 only: the timer is resumed after compilation, evaluation and saving.
+
+What the user sees: on a terminal, a bar whose steps/s and ETA are
+recomputed at every redraw from the measured rate (every training-only
+second timed so far, the current stretch included: the ETA counts down
+between log steps), and whose loss, accuracy and learning rate are those of
+the last log step (reading them each step would drain the device). When the
+output is not a terminal (a file, a pipe, a sweep's log), plain lines
+instead, with no carriage returns or cursor codes: one after the first log
+step, then one every LINE_EVERY_S seconds, and one at the end.
 """
 
 import sys
+import time
 
 import jax
 import numpy as np
@@ -46,20 +56,38 @@ def _what_diverged(m, i):
 
 
 class Progress:
-  """Pending rows, the flush, the bar and the timer of one training run."""
+  """Pending rows, the flush, the bar (or plain lines) and the timer of one
+  training run. `stream` (default sys.stdout) is where they go; a bar only
+  when it is a terminal."""
 
-  def __init__(self, config, log, *, start, stages, acc_key, primary):
+  # Plain lines (output not a terminal): at most one per this many seconds.
+  LINE_EVERY_S = 30.0
+  # The bar's steps/s and ETA are recomputed at most this often.
+  SHOW_EVERY_S = 0.5
+
+  def __init__(
+    self, config, log, *, start, stages, acc_key, primary, stream=None
+  ):
     self.config, self.log, self.stages = config, log, stages
     self.acc_key = acc_key
     self.pending, self.held = [], []
     self.timer = StepTimer()
+    self.stream = sys.stdout if stream is None else stream
+    isatty = getattr(self.stream, 'isatty', None)
+    self.terminal = bool(isatty and isatty())
+    self.primary = primary
+    # The measured rate: steps and seconds of the stretches timed so far.
+    self.timed_steps, self.timed_s = 0, 0.0
+    self.step, self.shown = start, {}  # the last step dispatched, the postfix
+    self.shown_at = self.line_at = None  # when postfix / a line was last made
+    self.line_step = start  # the step of the last plain line
     self.bar = tqdm(
       total=config.num_train_steps,
       initial=start,
       desc='train',
-      disable=not primary,
+      disable=not primary or not self.terminal,
       dynamic_ncols=True,
-      file=sys.stdout,
+      file=self.stream,
       # tqdm's own rate and ETA would count compilation and evaluation:
       # ours instead (eta: the steps left at the training steps/s,
       # evaluation not included).
@@ -73,10 +101,12 @@ class Progress:
     so the timer starts at its end. Then writes the row held at the last
     log step (log_step), while this step computes."""
     self.pending.append((step, metrics))
-    self.bar.update(1)
+    self.step = step
     if compiled:
       jax.block_until_ready(metrics)
       self.timer.resume(step)
+    if self.primary:
+      self._show(step)
     self.write_held()
 
   def log_step(self):
@@ -98,6 +128,53 @@ class Progress:
   def resume_timer(self, step):
     """After work that is not training (evaluation, saving)."""
     self.timer.resume(step)
+
+  def rate(self, now=None):
+    """The measured training steps/s: every stretch timed so far (from the
+    synced rows) plus the current one up to the last step dispatched. None
+    before a step was timed. The host runs ahead of the device by at most
+    the steps queued since the last synced row, so the current stretch's
+    share overestimates by at most that many steps."""
+    steps, seconds = self.timed_steps, self.timed_s
+    if self.timer.step is not None and self.step > self.timer.step:
+      now = time.perf_counter() if now is None else now
+      steps += self.step - self.timer.step
+      seconds += now - self.timer.start
+    return steps / seconds if steps and seconds > 0 else None
+
+  def _show(self, step):
+    """Per step: the bar's position; its steps/s and ETA from the measured
+    rate every SHOW_EVERY_S seconds; a plain line every LINE_EVERY_S."""
+    self.bar.update(1)
+    now = time.perf_counter()
+    if self.terminal:
+      if self.shown_at is None or now - self.shown_at >= self.SHOW_EVERY_S:
+        self.shown_at = now
+        self.shown.update(self._pace(step, now))
+        # The bar redraws at its next update (tqdm's mininterval): a forced
+        # redraw is a terminal write on the loop's critical path.
+        self.bar.set_postfix(self.shown, refresh=False)
+    elif self.line_at is not None and now - self.line_at >= self.LINE_EVERY_S:
+      self._line(step, now)
+
+  def _pace(self, step, now):
+    """{'steps_per_s', 'eta'} at `step` from the measured rate ({} before
+    a step was timed)."""
+    rate = self.rate(now)
+    if rate is None:
+      return {}
+    left = max(self.config.num_train_steps - step, 0) / rate
+    return {'steps_per_s': f'{rate:.2f}', 'eta': tqdm.format_interval(left)}
+
+  def _line(self, step, now=None):
+    """One plain progress line (output not a terminal)."""
+    now = time.perf_counter() if now is None else now
+    self.line_at, self.line_step = now, step
+    total = self.config.num_train_steps
+    shown = {**self.shown, **self._pace(step, now)}
+    parts = [f'{k.replace("_per_", "/")} {v}' for k, v in shown.items()]
+    head = f'train step {step}/{total} ({100 * step / max(total, 1):.0f}%)'
+    print(', '.join([head, *parts]), file=self.stream, flush=True)
 
   def flush(self):
     """Syncs every pending metric (the held row's and those since) and
@@ -126,21 +203,27 @@ class Progress:
       raise NonFiniteLoss(steps[i], _what_diverged(m, i))
     step = steps[-1]
     config = self.config
+    timed_from = self.timer.step
     rate = self.timer.rate(step)  # the steps' results are back: they are done
+    if rate is not None:
+      self.timed_steps += step - timed_from
+      self.timed_s += (step - timed_from) / rate
     loss = float(np.mean(m['loss']))
     grad_norm = float(np.mean(m['grad_norm']))
     acc = sum(m['correct_sum'].tolist()) / sum(m['count'].tolist())
     # The rate the optimiser applied at this step (computed in the step:
     # schedule(its update count // grad_accum_steps)).
     lr = float(m['learning_rate'][-1])
-    shown = {'loss': f'{loss:.4f}', 'acc': f'{acc:.3f}', 'lr': f'{lr:.3g}'}
-    if rate is not None:
-      left = (config.num_train_steps - step) / rate
-      shown.update(steps_per_s=f'{rate:.2f}', eta=tqdm.format_interval(left))
-    # A dict keeps this order (keywords sort); the bar redraws at its next
-    # update (tqdm's mininterval), not here: a forced redraw each log step
-    # is a terminal write on the loop's critical path.
-    self.bar.set_postfix(shown, refresh=False)
+    # A dict keeps this order (keywords sort).
+    self.shown = {'loss': f'{loss:.4f}', 'acc': f'{acc:.3f}', 'lr': f'{lr:.3g}'}
+    if self.primary:
+      now = time.perf_counter()
+      if self.terminal:
+        self.shown_at = now
+        self.shown.update(self._pace(self.step, now))
+        self.bar.set_postfix(self.shown, refresh=False)
+      elif self.line_at is None:  # the first line: at the first log step
+        self._line(self.step, now)
     # The curriculum's input length at this step (lra/train/curriculum.py).
     length = (
       {'length': curriculum.length_at(self.stages, step, config.max_length)}
@@ -159,10 +242,17 @@ class Progress:
     )
 
   def write(self, text):
-    """A line above the bar (primary process only: the bar is off
-    elsewhere)."""
-    if not self.bar.disable:
-      tqdm.write(text)
+    """A line above the bar, or a plain line (primary process only)."""
+    if not self.primary:
+      return
+    if self.terminal:
+      tqdm.write(text, file=self.stream)
+    else:
+      print(text, file=self.stream, flush=True)
 
   def close(self):
+    """Closes the bar; without one, a last plain line for the steps since
+    the previous one."""
+    if self.primary and not self.terminal and self.step != self.line_step:
+      self._line(self.step)
     self.bar.close()

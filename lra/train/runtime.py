@@ -149,6 +149,12 @@ def data_source(config, task):
   return 'generated' if info.get('source') == 'generated' else 'release'
 
 
+def _tty(stream):
+  """Whether `stream` is a terminal (False for a file, a pipe, a capture)."""
+  isatty = getattr(stream, 'isatty', None)
+  return bool(isatty and isatty())
+
+
 def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
   inputs, labels = split_data
   size = config.eval_batch_size or config.batch_size
@@ -171,7 +177,9 @@ def evaluate(eval_step, state, split_data, config, batch_sharding, desc=''):
       batches,
       desc=desc,
       leave=False,
-      disable=not desc or not processes.is_primary(),
+      # Not on a file or a pipe: a bar there is carriage returns and
+      # cursor codes (the training loop prints its plain lines instead).
+      disable=not desc or not processes.is_primary() or not _tty(sys.stderr),
       total=batching.num_eval_batches(len(labels), size),
     )
   ):
