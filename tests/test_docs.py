@@ -121,6 +121,13 @@ def test_the_pages_are_found():
   assert any(p.startswith('experiments/') for p in found), found
 
 
+def test_docs_are_a_reference_under_1800_lines():
+  """docs/ holds reference pages and the current tables; the history of
+  how a number was reached lives in git and in the studies' READMEs."""
+  lines = sum(len(read(p).splitlines()) for p in pages() if p[:5] == 'docs/')
+  assert 0 < lines < 1800, lines
+
+
 def test_slug_follows_githubs_rules():
   assert slug('The main job: ListOps `small`') == 'the-main-job-listops-small'
   assert slug("LRA Table 2: the paper's Text model") == (
