@@ -12,18 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs import comments
-from configs import models as model_configs
 from lra import data as tasks
 from lra.errors import UserError
-from lra.train import build, cli, loop, runtime, steps
+from lra.train import build, cli, comments, loop, runtime, steps
+from lra.train import options as model_configs
 from models.attention.longformer import LongformerAttention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(ROOT, 'configs', 'text.py')
 WINDOW = '--config.model.attention.window'
-
-cli.set_option_sentence(model_configs.option_sentence)
 
 
 def train_py(*args, cwd):

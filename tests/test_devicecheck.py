@@ -143,7 +143,7 @@ def test_plan_and_budget_accounting_without_running(tmp_path, monkeypatch):
   assert [t for _, t in calls] == [24.0, 15.0]
   skipped = report['sections']['listops_training']['cells'][0]
   assert skipped['reason'] == 'expected 11 s, 12 s of the budget left'
-  assert calls[0][0][0] == 'benchmark.py'
+  assert calls[0][0][0] == 'lra.bench.main'
   assert '--config=configs/listops.py:transformer,smoke' in calls[0][0]
   full = devicecheck.plan(str(tmp_path))
   assert [c['name'] for c in full if c['section'] == 'fused_vs_einsum'] == [
@@ -153,7 +153,7 @@ def test_plan_and_budget_accounting_without_running(tmp_path, monkeypatch):
     'text_4096',
   ]
   train = [c for c in full if c['kind'] == 'train']
-  assert train[0]['args'][1] == '--config=configs/listops.py:transformer'
+  assert train[0]['args'][0] == '--config=configs/listops.py:transformer'
   saved = json.loads((tmp_path / 'devicecheck.json').read_text())
   assert saved['done'] and len(cells_of(saved)) == len(statuses)
 

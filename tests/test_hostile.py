@@ -246,7 +246,7 @@ def test_prepare_bad_seed_is_one_line_and_writes_nothing(tmp_path, args, says):
 def test_eval_on_a_read_only_run_keeps_the_numbers(smoke_run, monkeypatch):
   import errno  # pylint: disable=g-import-not-at-top
 
-  import eval as evaluate  # pylint: disable=g-import-not-at-top
+  from lra.report import eval_main as evaluate
 
   def read_only(path, obj):
     raise OSError(errno.EROFS, 'Read-only file system', path)

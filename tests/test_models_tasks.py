@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import models as model_configs
 from lra import data as tasks
 from lra.report import paper as lra_paper
 from lra.report.tables import accuracy_table
+from lra.train import options as model_configs
 from lra.train import build, steps
 import train
 

@@ -1,4 +1,4 @@
-"""Every attention option from the command line (configs/models.py, the
+"""Every attention option from the command line (lra/train/options.py, the
 registry's options_of, lra/train/cli.py), and evaluation with other options
 (eval.py --config.model.attention.<option>=<value>).
 
@@ -18,11 +18,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import models as model_configs
-import eval as lra_eval
 from lra import data as tasks
 from lra.errors import UserError
+from lra.report import eval_main as lra_eval
 from lra.train import build, cli, steps
+from lra.train import config as config_loader
+from lra.train import options as model_configs
 from models.attention import registry
 
 SMOKE = 'configs/listops.py:{},smoke'
@@ -319,7 +320,7 @@ def test_eval_with_another_option_on_a_trained_run(smoke_run, tmp_path):
   shutil.copytree(smoke_run, workdir)
   plain = lra_eval.evaluate_checkpoint(workdir, 'val')
   other = lra_eval.evaluate_checkpoint(
-    workdir, 'val', options=['--config.model.attention.fused_kernel=xla']
+    workdir, 'val', overrides=['--config.model.attention.fused_kernel=xla']
   )
   # fused_kernel only matters for the fused implementation: same numbers.
   assert other['accuracy'] == plain['accuracy']
@@ -330,7 +331,7 @@ def test_eval_with_another_option_on_a_trained_run(smoke_run, tmp_path):
   assert written['trained_options'] == {'fused_kernel': 'auto'}
   with pytest.raises(UserError, match='relative=True changes the shapes'):
     lra_eval.evaluate_checkpoint(
-      workdir, 'val', options=['--config.model.attention.relative=True']
+      workdir, 'val', overrides=['--config.model.attention.relative=True']
     )
 
 
@@ -346,7 +347,7 @@ def test_a_run_saved_before_an_option_existed_reads_its_default():
   saved = {'model_name': 'sinkhorn', 'model': {'attention': old}}
   assert model_configs.changed_options(saved) == {'block_size': 64}
   config = cli.config_from_argv(argv_for('sinkhorn'))
-  defaults = model_configs.predated_defaults(config)
+  defaults = config_loader.predated_defaults(config)
   assert defaults.model.attention.sinkhorn_iters == 10
   # eval.py keeps --config.* flags apart from its own.
   rest, overrides = cli.split_overrides(

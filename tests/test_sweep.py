@@ -25,11 +25,11 @@ import types
 
 import pytest
 
-from configs import models as model_configs
 from lra.errors import UserError
 from lra.sweep import main as sweep
 from lra.sweep import plan as sweep_plan
 from lra.sweep import runner as sweep_run
+from lra.train import options as model_configs
 from lra.train.metrics import read_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

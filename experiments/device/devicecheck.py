@@ -52,11 +52,11 @@ import time
 
 from lra.errors import UserError
 from lra.report.paper import paper, paper_value
+from lra.train import child
 from lra.train.metrics import write_json
 
-ROOT = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+# The programs a cell runs (python -m): benchmark.py's and train.py's bodies.
+PROGRAMS = {'benchmark': 'lra.bench.main', 'train': 'lra.train.main'}
 REPORT = 'devicecheck.json'
 SECTIONS = (
   'reference_throughput',
@@ -108,7 +108,8 @@ ROW_SUMMARY = (
 
 # ----------------------------------------------------------------- plan
 def _cell(section, name, kind, args, expected_s, max_s, out=None):
-  """One planned cell: a benchmark.py or train.py command line."""
+  """One planned cell: a benchmark.py or train.py command line (args
+  after `python -m PROGRAMS[kind]`)."""
   return {
     'section': section,
     'name': name,
@@ -134,7 +135,7 @@ def plan(out, tiny=False, sections=SECTIONS):
         section,
         name,
         'benchmark',
-        ['benchmark.py', *args, f'--out={where}'],
+        [*args, f'--out={where}'],
         expected_s,
         max_s,
         where,
@@ -200,7 +201,6 @@ def plan(out, tiny=False, sections=SECTIONS):
       'transformer_smoke' if tiny else 'transformer',
       'train',
       [
-        'train.py',
         '--config=configs/listops.py:transformer' + (',smoke' if tiny else ''),
         f'--workdir={workdir}',
       ],
@@ -214,14 +214,15 @@ def plan(out, tiny=False, sections=SECTIONS):
 
 # ------------------------------------------------------------------ run
 def run_command(args, log_path, timeout_s, grace_s):
-  """(returncode, seconds, timed_out) of `python args...` in ROOT, its
-  output in log_path; past timeout_s it gets SIGINT, then SIGKILL after
-  grace_s (its own process group, nothing else)."""
+  """(returncode, seconds, timed_out) of `python -m args...` (a module and
+  its arguments; lra/train/child.py), its output in log_path; past
+  timeout_s it gets SIGINT, then SIGKILL after grace_s (its own process
+  group, nothing else)."""
   start = time.perf_counter()
   with open(log_path, 'w') as log:
     proc = subprocess.Popen(
-      [sys.executable, *args],
-      cwd=ROOT,
+      child.command(*args),
+      env=child.env(),
       stdout=log,
       stderr=subprocess.STDOUT,
       start_new_session=True,
@@ -378,7 +379,7 @@ def run(out, budget_s=480.0, tiny=False, sections=SECTIONS):
   out/devicecheck.json, rewritten after every cell)."""
   start = time.perf_counter()
   deadline = start + budget_s
-  out = os.path.abspath(out)  # the cells run in ROOT
+  out = os.path.abspath(out)
   os.makedirs(os.path.join(out, 'logs'), exist_ok=True)
   cells = plan(out, tiny, sections)
   report = {
@@ -406,7 +407,7 @@ def run(out, budget_s=480.0, tiny=False, sections=SECTIONS):
     left = deadline - time.perf_counter()
     entry = {
       'name': cell['name'],
-      'command': ['python', *cell['args']],
+      'command': ['python', '-m', PROGRAMS[cell['kind']], *cell['args']],
       'expected_s': round(expected, 1),
     }
     if left - grace < expected:
@@ -419,7 +420,10 @@ def run(out, budget_s=480.0, tiny=False, sections=SECTIONS):
       timeout = min(max(cell['max_s'], 2 * expected), left - grace)
       log_path = os.path.join(out, 'logs', f'{cell["name"]}.log')
       rc, seconds, timed_out = run_command(
-        cell['args'], log_path, timeout, GRACE_S[tiny]
+        [PROGRAMS[cell['kind']], *cell['args']],
+        log_path,
+        timeout,
+        GRACE_S[tiny],
       )
       status = 'timeout' if timed_out else ('ok' if rc == 0 else 'error')
       entry.update(

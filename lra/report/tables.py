@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import importlib
 import json
 import os
 
@@ -55,6 +54,7 @@ import numpy as np
 
 from lra.errors import UserError
 from lra.report.paper import TASK_COLUMNS, lra_average, paper, paper_value
+from lra.train import config as config_loader
 from lra.train import rundir
 from lra.train.metrics import flatten
 
@@ -76,11 +76,9 @@ GENERATED_MARK, LAST_MARK = '†', '‡'
 
 @functools.lru_cache(maxsize=None)
 def _reference_json(task, model, preset):
-  # configs/ is imported here only: the table is its one user in lra/.
   try:
-    module = importlib.import_module(f'configs.{task}')
     arg = ','.join([model] + [p for p in preset.split(',') if p])
-    return module.get_config(arg).to_json()
+    return config_loader.task_config(task, arg).to_json()
   except Exception:  # pylint: disable=broad-except  (unknown model, preset)
     return None
 

@@ -190,27 +190,28 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def catalogue() -> Catalogue:
-  """The presets and model names of configs/ for `plan`: the one place the
-  harness reads the configs package (the command line's; lra's modules
-  take what they need as arguments). Loads the attention registry to list
-  every registered core."""
-  from configs import base, models  # pylint: disable=g-import-not-at-top
+  """The presets of configs/base.py (through the config loader,
+  lra/train/config.py) and every model name (lra/train/options.py) for
+  `plan`. Loads the attention registry to list every registered core."""
+  from lra.train import config as config_loader  # pylint: disable=g-import-not-at-top
+  from lra.train import options  # pylint: disable=g-import-not-at-top
 
+  presets, aliases, fine_tune = config_loader.presets()
   return Catalogue(
-    presets=tuple(base.PRESETS),
-    aliases=tuple(base.ALIASES),
-    fine_tune=dict(base.FINE_TUNE_PRESET),
-    models=tuple(models.known_models()),
+    presets=presets,
+    aliases=tuple(aliases),
+    fine_tune=fine_tune,
+    models=tuple(options.known_models()),
   )
 
 
 def attention_problem(config) -> str | None:
   """train.py's sentence for model.attention options its core does not
-  take (configs/models.py check_attention), or None."""
-  from configs import models  # pylint: disable=g-import-not-at-top
+  take (lra/train/options.py check_attention), or None."""
+  from lra.train import options  # pylint: disable=g-import-not-at-top
 
   try:
-    models.check_attention(config)
+    options.check_attention(config)
   except UserError as e:
     return str(e)
   return None

@@ -7,20 +7,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shlex
 
 from absl import flags
-from ml_collections import config_flags
 
+from lra import commands
 from lra import data as tasks
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
 from lra.train import cli
+from lra.train import config as config_loader
 from lra.train.names import select_names
 
-ROOT = os.path.dirname(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
+# The module a run's process runs (python -m; train.py's body).
+TRAIN_MODULE = 'lra.train.main'
 # A command-line argument that overrides a config field: train.py's.
 OVERRIDE = re.compile(r'^--?(no)?config\.')
 
@@ -65,15 +64,17 @@ class Run:
 
   @property
   def config_arg(self):
+    """configs/<task>.py:<model>[,<preset>]: read from the working
+    directory, else from the configs package (lra/train/config.py)."""
     model = f'{self.model},{self.preset}' if self.preset else self.model
-    return f'{_from_cwd(os.path.join("configs", self.task + ".py"))}:{model}'
+    return f'configs/{self.task}.py:{model}'
 
   def argv(self):
-    """train.py's arguments, as a user would type them."""
+    """train.py's arguments (after the program), as a user would type
+    them; the run's process is `python -m lra.train.main` with them."""
     source = self.pretraining
     init = [f'--config.init_from={source.workdir}'] if source else []
     return [
-      _from_cwd('train.py'),
       '--config',
       self.config_arg,
       '--workdir',
@@ -84,15 +85,9 @@ class Run:
     ]
 
   def command(self):
-    return shlex.join(['python', *self.argv()])
-
-
-def _from_cwd(path):
-  """A file of the repository, relative to the working directory when it is
-  inside the repository (the usual case), else absolute."""
-  full = os.path.join(ROOT, path)
-  rel = os.path.relpath(full)
-  return full if rel.startswith('..') else rel
+    """The command a user would type here (lra/commands.py: `python
+    train.py ...` in a checkout, `lra-train ...` elsewhere)."""
+    return commands.command('train', *self.argv())
 
 
 # Overrides that a self-pretraining preset's pretraining run alone takes
@@ -196,9 +191,7 @@ def run_config(run: Run) -> tuple:
     *(f'--config.{k}={v}' for k, v in run.grid),
   ]
   values = flags.FlagValues()
-  config_flags.DEFINE_config_file(
-    'config', None, '', flag_values=values, lock_config=True, sys_argv=argv
-  )
+  config_loader.define_config_flag(flag_values=values, sys_argv=argv)
   try:
     values(argv)
     return values.config, None

@@ -24,12 +24,13 @@ import sys
 import threading
 import time
 
-from configs import models
 from lra.errors import UserError
 from lra.report import paper
 from lra.report import tables as report
 from lra.sweep import grid as sweep_grid
-from lra.sweep.plan import Run, run_config
+from lra.sweep.plan import TRAIN_MODULE, Run, run_config
+from lra.train import child as child_process
+from lra.train import config as config_loader
 from lra.train import rundir
 from lra.train.metrics import flatten, read_rows, write_json
 
@@ -132,7 +133,8 @@ def same_config(run: Run, config) -> bool:
   # A field added after the run was made had its default then: the run
   # counts as finished while the sweep keeps that default (as train.py
   # resumes it, lra/train/rundir.py check_resume).
-  defaults = flatten(json.loads(models.predated_defaults(config).to_json()))
+  defaults = config_loader.predated_defaults(config)
+  defaults = flatten(json.loads(defaults.to_json()))
   for key in set(new) - set(old):
     if key in defaults:
       old[key] = defaults[key]
@@ -295,12 +297,15 @@ class Sweep:
     return returncode, time.monotonic() - start, tail
 
   def _start(self, run, **streams):
-    env = None
+    env = child_process.env()
     if self.jobs > 1 and 'XLA_PYTHON_CLIENT_PREALLOCATE' not in os.environ:
-      env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE='false')
+      env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
     with self.lock:
       child = subprocess.Popen(
-        [sys.executable, *run.argv()], process_group=0, env=env, **streams
+        child_process.command(TRAIN_MODULE, *run.argv()),
+        process_group=0,
+        env=env,
+        **streams,
       )
       self.children.add(child)
       if self.stops:

@@ -3,8 +3,8 @@ at a time, then "is it time to log / evaluate / save / stop", then the test.
 
 train_and_evaluate (below) is the loop; its pieces are named functions here
 (restore_or_init, open_log, prefetched, the Trainer's evaluate, finish).
-What the loop needs of configs/ (which the harness never imports) comes in
-a ConfigRules from the entry point (train.py builds it from configs/models).
+The config is checked here, before anything is built or written
+(lra/train/config.py check), then trusted.
 """
 
 import contextlib
@@ -38,6 +38,7 @@ from lra.train import (
   steps,
   validate,
 )
+from lra.train import config as config_loader
 from lra.train.build import at_length, create_state, init_from
 from lra.train.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.train.lock import workdir_lock
@@ -45,31 +46,6 @@ from lra.train.metrics import MetricsLog, TensorBoard, selection
 from lra.train.oom import out_of_memory
 from lra.train.prefetch import Prefetcher
 from lra.train.progress import NonFiniteLoss, Progress
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfigRules:
-  """What a run asks of the task configs (configs/models.py), handed in by
-  the entry point: check_attention(config) raises UserError on a bad core
-  option; predated_defaults(config) the defaults a saved run may predate
-  (rundir.check_resume); changed_options(config) {option: value} of
-  model.attention that differ from the command's own config (results.json
-  labels the run by them)."""
-
-  check_attention: Callable[[ConfigDict], None] = lambda config: None
-  predated_defaults: Callable[[ConfigDict], ConfigDict | None] = lambda _: None
-  changed_options: Callable[[ConfigDict], dict] = lambda config: {}
-
-  @classmethod
-  def of(cls, module) -> 'ConfigRules':
-    """The rules of a module that defines check_attention,
-    predated_defaults and changed_from_command (configs/models.py)."""
-    return cls(
-      module.check_attention,
-      module.predated_defaults,
-      module.changed_from_command,
-    )
-
 
 # The best-on-validation record before any evaluation.
 NO_BEST = {'step': None, 'accuracy': -1.0, 'val': None}
@@ -136,11 +112,10 @@ def check_best(
   return no_best
 
 
-def check_inputs(config: ConfigDict, workdir: str, rules: ConfigRules) -> str:
+def check_inputs(config: ConfigDict, workdir: str) -> str:
   """Everything the user can get wrong, checked before the workdir exists;
   returns the model selection (lra/train/metrics.py)."""
-  validate.check_config(config)
-  rules.check_attention(config)
+  config_loader.check(config)
   select = selection(config)
   validate.check_dir(workdir, '--workdir')
   if config.data_dir:
@@ -445,7 +420,7 @@ def non_finite_error(
   return UserError(f'{NON_FINITE_STOP}{e.args[1]} at step {e.args[0]}; {kept}.')
 
 
-def finish(config, workdir, task, log, select, best, tested, rules):
+def finish(config, workdir, task, log, select, best, tested):
   """Writes results.json (process 0), prints the summary and where the
   results are; returns the results. tested: the best checkpoint's `test`,
   the final step's `test_last` at `last_step`, and `test_splits` ({name:
@@ -473,7 +448,7 @@ def finish(config, workdir, task, log, select, best, tested, rules):
     del results['select']
   # The attention options this run changed from its command's config
   # (configs/<task>.py:<model>,<preset>): eval.py --table labels it by them.
-  changed = rules.changed_options(config)
+  changed = config_loader.changed_from_command(config)
   if changed:
     results[rundir.ATTENTION_OPTIONS_KEY] = changed
   if tested.get('test_splits'):  # the task's extra test splits (mqar)
@@ -550,9 +525,7 @@ class Trainer:
     )
 
 
-def make_trainer(
-  config: ConfigDict, workdir: str, rules: ConfigRules
-) -> tuple[Trainer, dict]:
+def make_trainer(config: ConfigDict, workdir: str) -> tuple[Trainer, dict]:
   """(the run's Trainer, the optimiser changes of a resumed run): mesh,
   model, a resumed run's config checked against its config.json
   (rundir.check_resume, before the data is read), data and steps."""
@@ -560,7 +533,7 @@ def make_trainer(
   replicated, batch_sharding = runtime.make_mesh()
   graphdef, state = create_state(config, task, replicated)
   changes = rundir.check_resume(
-    config, workdir, rules.predated_defaults(config)
+    config, workdir, config_loader.predated_defaults(config)
   )
   stages = curriculum.parse(config.length_schedule, config.max_length)
   data = runtime.load_data(config, task)
@@ -651,18 +624,17 @@ def write_failed(e: OSError, workdir: str, last_good: int) -> UserError:
 def train_and_evaluate(
   config: ConfigDict,
   workdir: str,
-  rules: ConfigRules = ConfigRules(),
   on_step: Callable[[int, Checkpoints], None] | None = None,
 ) -> dict:
   """Trains, validates and tests one run in `workdir` (resuming it when it
   has checkpoints); returns results.json's contents. on_step(step, ckpt),
   when given, is called after each step (tests: a kill at a chosen step)."""
-  select = check_inputs(config, workdir, rules)
-  t, changes = make_trainer(config, workdir, rules)
+  select = check_inputs(config, workdir)
+  t, changes = make_trainer(config, workdir)
   fresh = not os.path.exists(workdir)
   with workdir_lock(workdir, processes.is_primary()):
     try:
-      return run(t, workdir, select, changes, rules, on_step)
+      return run(t, workdir, select, changes, on_step)
     except Exception as e:  # pylint: disable=broad-except
       if not out_of_memory(e):
         raise
@@ -681,7 +653,7 @@ def memory_error(config: ConfigDict) -> UserError:
   )
 
 
-def run(t, workdir, select, changes, rules, on_step):
+def run(t, workdir, select, changes, on_step):
   """The run of train_and_evaluate, under the workdir's lock."""
   config = t.config
   # --------------------------------------------------------------- restore
@@ -757,7 +729,7 @@ def run(t, workdir, select, changes, rules, on_step):
 
   # ------------------------------------------------------------------ test
   tested, best = test_best_and_last(t, state, best, start, last_good, ckpt, log)
-  return finish(config, workdir, t.task, log, select, best, tested, rules)
+  return finish(config, workdir, t.task, log, select, best, tested)
 
 
 def test_best_and_last(t, state, best, start, last_good, ckpt, log):
