@@ -112,26 +112,6 @@ def long_schedule():
   ]
 
 
-def mamba_long():
-  """Mamba in Zoology's block on 4 pairs with a 20,000-step schedule (the
-  CPU run that first left the 1 / pairs plateau)."""
-  return {
-    'tasks': 'mqar',
-    'models': 'mamba',
-    'preset': 'small',
-    'grid': {'learning_rate': ['1e-3']},
-    'config': {
-      'model.emb_dim': 128,
-      **ZOOLOGY_BLOCK,
-      'data.num_kv_pairs': 4,
-      'num_train_steps': 20000,
-      'eval_every_steps': 500,
-      'data.test_splits': '64:8,64:16',
-    },
-    'out': 'mamba_long',
-  }
-
-
 def block():
   """Mamba in the `small` preset's block and with each of its four
   differences from Zoology's block undone (feed-forward, short_conv,

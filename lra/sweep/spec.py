@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 
 from lra.errors import UserError
 from lra.sweep import grid as sweep_grid
@@ -82,6 +83,7 @@ def load(ref: str) -> list[dict]:
   module_name = '_lra_sweep_' + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[module_name] = module  # as an import would (dataclasses)
   try:
     spec.loader.exec_module(module)
   except Exception as e:  # pylint: disable=broad-except
