@@ -49,8 +49,7 @@ c), so it does not depend on the other splits listed, up to repeats
 skipped); every example (its input tokens) is distinct within and across
 all splits: a row already drawn is skipped, so val and the test splits
 share no example with train (a shape with too few distinct examples is
-one sentence). Time: O(N (V + L)) to draw, 1-3 s per 10^4 examples of the
-reference size on one core; memory O(N L).
+one sentence). Time: O(N (V + L)) to draw; memory O(N L).
 """
 
 import hashlib

@@ -49,8 +49,8 @@ def _crc32c_python(data):
 def _native_crc32c():
   """(name, CRC-32C function) of the installed native package: `crc32c`
   (requirements.txt installs it) or `google_crc32c` (often present as a
-  google-cloud dependency); None when neither imports. About 100x faster
-  than the pure-Python table."""
+  google-cloud dependency); None when neither imports. Far faster than
+  the pure-Python table."""
   try:
     import crc32c as native  # pylint: disable=g-import-not-at-top
 

@@ -99,10 +99,10 @@ class TensorBoard:
 
   The events are written in the caller's thread by tensorboardX's
   synchronous EventsWriter: its SummaryWriter hands every event through a
-  multiprocessing queue to a writer thread, about 70 us of CPU per row that
-  the training loop's cores pay (measured on this project's 2-core CPU);
-  writing here costs a fraction of it (less with the `crc32c` package,
-  which tensorboardX uses for the records' checksums when installed).
+  multiprocessing queue to a writer thread, CPU time per row that the
+  training loop's cores pay; writing here costs a fraction of it (less
+  with the `crc32c` package, which tensorboardX uses for the records'
+  checksums when installed).
   Evaluation rows are flushed (fsync) at once; train rows when FLUSH_SECS
   have passed since the last flush, or at the next flush or close."""
 

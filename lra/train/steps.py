@@ -204,8 +204,8 @@ def make_train_step(
   come back as one float32 vector in ROW order, a single
   output to read instead of six, with the learning rate the optimiser
   applies at this step, schedule(update count // grad_accum_steps), so the
-  host evaluates no schedule either (an eager evaluation is 0.4 ms on a
-  CPU)."""
+  host evaluates no schedule either (an eager evaluation per step would
+  cost host time)."""
 
   def train_step(state, batch, key=None):
     model, optimizer = nnx.merge(graphdef, state)

@@ -19,8 +19,8 @@ walking over key blocks (dK, dV of one block accumulate in the loop carry)
 and, inside, over query blocks (dQ, O(L D), is updated in place). It works
 on the transposed blocks S^T = K Q^T [Ck, Cq] and accumulates dQ^T = K^T
 dS^T, so that every product is a plain one for XLA's CPU backend (one that
-contracts its left operand's rows, P^T dO written as such, ran ~1.7x
-slower there).
+contracts its left operand's rows, P^T dO written as such, is off its
+fast matmul path).
 
 Masks: key padding (bool[B, M], True = real) and a causal mask (query i
 sees keys j <= i, top-left aligned as `dense_allowed` in softmax.py). With
@@ -44,10 +44,9 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-# Block sizes. On a 2-core x86 CPU (B=2, H=4, D=64, L = 1K..4K, forward +
-# backward) every pair from 128 to 1024 ran within ~10% of the others, 2.5x
-# faster than the einsum path at 4K; 256 x 512 was among the fastest and
-# keeps the causal skip fine-grained.
+# Block sizes: on a CPU every pair from 128 to 1024 runs about alike
+# (docs/benchmark.md has the blocked path against the einsum one); 256 x
+# 512 keeps the causal skip fine-grained.
 BLOCK_Q = 256
 BLOCK_K = 512
 

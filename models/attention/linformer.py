@@ -5,8 +5,7 @@ Wang et al., "Linformer: Self-Attention with Linear Complexity"
   K' = E^T K, V' = F^T V    (E, F learned, [max_length, k], sliced to M rows)
   out = softmax(q K'^T / sqrt(D)) V'
 The M keys and values are mixed into k projected slots; every query attends
-to all k slots. Time O(L k D) per head, memory O(L k): no L x M array
-(compiled forward + backward memory of one core grows 4.0x from 1K to 4K).
+to all k slots. Time O(L k D) per head, memory O(L k): no L x M array.
 
 Options (`model.attention.<option>`):
   proj_length: k, the projected length (default 256, the paper's largest

@@ -59,8 +59,8 @@ def attend_flat(
   """`base.attend` for q, k, v with the same leading dims X, run over one
   merged batch dim prod(X). On XLA's CPU backend the backward pass (its key
   and value gradients contract over the query rows, outside the fast
-  matmul path) ran 1.1-1.2x faster so than with the dims B, N, H kept
-  apart (issue #35). Values, gradients and dropout masks (the same random
+  matmul path) is faster so than with the dims B, N, H kept apart (issue
+  #35). Values, gradients and dropout masks (the same random
   bits: one draw over prod(X) * C * K elements in the same order) equal
   `attend`'s."""
   lead = q_XxCxD.shape[:-2]

@@ -20,9 +20,8 @@ The scan, on a CPU (scan_kernel 'auto', the default): a C++ kernel
 called from XLA (models/mixers/mamba_native.py, mamba_scan.cc, built on
 first use), each batch row's [N, I] state kept in the cache, its loops over
 I vectorised with exp, rows (and channel blocks) over threads, one state
-kept per chunk_size positions for its hand-written backward: 2.4-6.6x the
-XLA form below on the scan alone, 1.5-1.9x on the mixer, on this
-project's 2-core CPU, idle (docs/benchmark.md "Mamba's scan in C++").
+kept per chunk_size positions for its hand-written backward (its speed
+against the XLA form: docs/benchmark.md, "Mamba's scan in C++").
 Elsewhere, where no compiler works (one logged line says why), or with
 scan_kernel 'xla': the XLA scan. h_t is a linear recurrence, run one
 position after the other on
@@ -50,44 +49,12 @@ I (K - 1) numbers. Scan, exponentials, conv and sums in float32; the
 projections in the compute dtype. Forward-mode differentiation (jax.jvp)
 is not defined through the custom VJP. Every per-position op of the mixer
 works on 2-D [L B, F] rows: XLA's CPU reductions fused with a product
-(its YNN fusions) ran 30-70x slower on an operand with a size-1 axis, as
-the [1, B, N, I] state of a causal scan or the parameter gradients of a
-batch of one ([1, L, I]).
-
-Measured (this project's CPU: 2 cores shared with other jobs, load 7-10;
-the mixer alone, jit(grad) of its output's weighted sum w.r.t. input and
-parameters, float32; the previous form (a jax.lax.scan step per position
-in jax.checkpoint'ed chunks of 64 on the [G, B, N, I] state) and this one
-alternating in one process, medians of 7; outputs and gradients equal to
-1.6e-6 of their largest value):
-  MQAR small (B 64, L 64, E 64, causal)     313 -> 63 ms     5.0x
-  L 1K, B 2, E 128, bidirectional           214 -> 95 ms     2.3x
-  L 2K, B 2, E 64, bidirectional            212 -> 99 ms     2.1x
-  L 4K, B 1, E 128, bidirectional           933 -> 215 ms    4.3x
-  L 4K, B 1, E 64, causal                    80 -> 52 ms     1.5x
-The scan alone on flat [X, L, I] inputs (no size-1 axis): 2.8x at MQAR's
-shapes, 1.3x at the LRA ones (16.8M-33.6M state elements, about 3.6 ns
-each for forward + backward). Where below 3x the rest of the mixer (conv,
-projections, gates: the same ops as before, 40-50 ms at L 1K, B 2,
-E 128) and the scan's per-element cost (about 12 state-sized passes
-forward + backward: XLA fuses no two of a step's reductions) bound it.
-Tried and slower on the same harness (ratios against the form kept at the
-time): per-step work precomputed for a whole chunk (exp(dt A) and dt B u
-as [C, X, N, I] arrays, an fma-only inner scan, y and the gradients as
-chunk-wide reductions), by autodiff or a custom VJP: 0.5-0.9x at the LRA
-shapes (big arrays written and read again); a custom VJP with a lax.scan
-step per position: 1.05-1.35x (kept until the unrolled blocks: the scan
-alone 1.3-2.8x); jnp.sum of products instead of einsums for the per-step
-reductions: 0.65-0.7x; recomputing h_t in the backward instead of reusing
-the recomputed states: 0.3x (XLA copied the exponentials into each use);
-Hillis-Steele doubling within a chunk: 0.2-0.3x; lax.scan unroll=4 (a bare
-fma scan): 0.7-0.85x; unrolled blocks of 8 positions: 0.5x on the scan
-alone, of 32 or 64: 0.7-0.95x; a lax.scan over a chunk's one block, or a
-chunk's states stacked and read back per block: 0.3x; the reduction over
-N of q A once per block: 0.8x; a softplus without log1p: no change. The
-earlier forms: an associative scan over [B, C, I, N] (3.5-4x slower than
-the per-step scan), chunked matrix forms (C times the exponentials),
-docs/benchmark.md.
+(its YNN fusions) are an order of magnitude slower on an operand with a
+size-1 axis, as the [1, B, N, I] state of a causal scan or the parameter
+gradients of a batch of one ([1, L, I]). Forms measured and not kept (an
+associative scan over [B, C, I, N], chunked matrix forms with C times the
+exponentials, per-chunk precomputation, doubling within a chunk, other
+block sizes): docs/benchmark.md as of 2026-12-04, in git.
 
 Non-causal masks (bidirectional): a second set of conv + x_proj + dt + A +
 D parameters runs the same SSM over the reversed sequence; the two
