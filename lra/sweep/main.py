@@ -144,8 +144,8 @@ def define_flags() -> None:
     'Runs at once (in plan order as slots free up; a fine-tune waits for '
     'its pretraining). Above 1 each run writes its output to '
     '<workdir>/train.log and, on a GPU, they share it (XLA preallocation '
-    'off). For small models on an accelerator, e.g. MQAR grids: one H200 '
-    'ran 10 MQAR `small` trainings at once at 70-130 steps/s each.',
+    'off): for small models on an accelerator, e.g. MQAR grids '
+    '(docs/sweeps.md).',
     lower_bound=1,
   )
   flags.DEFINE_bool(
