@@ -97,11 +97,13 @@ def test_table_averages_seeds_and_labels_overridden_configs(tmp_path):
     **{'model.num_layers': 2, 'max_length': 32},
   )
   table = report.accuracy_table(str(tmp_path))
+  # Smoke scale: marked so, and never beside the paper's numbers.
   assert table_row(table, 'transformer [smoke]').startswith(
-    '| transformer [smoke] | 35.00 ±5.00 n=2 (36.37) | - (64.27) |'
+    '| transformer [smoke] | smoke | 35.00 ±5.00 n=2 | - |'
   )
   row = table_row(table, 'transformer [smoke, max_length=32, num_layers=2]')
-  assert '| 90.00 (36.37) |' in row  # not averaged with the others
+  assert '| smoke | 90.00 |' in row  # not averaged with the others
+  assert '36.37' not in table
   assert sorted(r.split(' | ')[2:5] for r in runs_rows(table, 'listops')) == [
     ['1', '0', '90.00'],
     ['2', '0 1', '35.00 ±5.00'],
@@ -114,11 +116,48 @@ def test_a_reference_config_run_has_the_plain_model_label(tmp_path):
   write_run(tmp_path, 'a', 'image', 'performer', 0.42, preset='')
   write_run(tmp_path, 'b', 'image', 'performer', 0.40, preset='', seed=3)
   table = report.accuracy_table(str(tmp_path))
-  # Image's per-model architecture is part of its reference config.
+  # Image's per-model architecture is part of its reference config: a
+  # reference-scale row, beside the paper's numbers.
   assert (
-    '| performer | - (18.01) | - (65.40) | - (53.82) | 41.00 ±1.00 n=2 '
-    in (table)
+    '| performer | reference | - (18.01) | - (65.40) | - (53.82) | '
+    '41.00 ±1.00 n=2 (42.77) |' in table
   )
+  assert runs_rows(table, 'image')[0].endswith('| reference | 42.77 |')
+
+
+def test_only_reference_rows_sit_beside_the_paper(tmp_path):
+  """A small run, and a reference-preset run with a changed value, are
+  marked by their scale and get no paper number."""
+  write_run(tmp_path, 'small', 'listops', 'transformer', 0.378, preset='small')
+  write_run(
+    tmp_path,
+    'short',
+    'listops',
+    'transformer',
+    0.2,
+    preset='',
+    num_train_steps=100,
+  )
+  write_run(tmp_path, 'ref', 'listops', 'transformer', 0.37, preset='')
+  table = report.accuracy_table(str(tmp_path))
+  assert table_row(table, 'transformer [small]').startswith(
+    '| transformer [small] | small | 37.80 | - | - | - | - | - | - |'
+  )
+  assert table_row(table, 'transformer [num_train_steps=100]').startswith(
+    '| transformer [num_train_steps=100] | reference, changed | 20.00 | - |'
+  )
+  assert table_row(table, 'transformer').startswith(
+    '| transformer | reference | 37.00 (36.37) | - (64.27) |'
+  )
+  assert table.count('(36.37)') == 1
+  scales = {
+    r.split(' | ')[1]: r.split(' | ')[9:] for r in runs_rows(table, 'listops')
+  }
+  assert scales == {
+    'transformer': ['reference', '36.37 |'],
+    'transformer [num_train_steps=100]': ['reference, changed', '- |'],
+    'transformer [small]': ['small', '- |'],
+  }
 
 
 def test_table_reports_the_selected_checkpoint_and_marks_it(tmp_path):
@@ -137,13 +176,11 @@ def test_table_reports_the_selected_checkpoint_and_marks_it(tmp_path):
     tmp_path, 'last', 'listops', 'transformer', 0.30, last=0.20, select='last'
   )
   table = report.accuracy_table(str(tmp_path))
-  assert '| - (36.37) | 60.00 ‡ (64.27) |' in table_row(
+  assert '| smoke | - | 60.00 ‡ |' in table_row(
     table, 'transformer [smoke, data.val=test]'
   )
-  assert '| - (36.37) | 66.00 (64.27) |' in table_row(
-    table, 'transformer [smoke]'
-  )
-  assert '| 20.00 ‡ (36.37) |' in table_row(
+  assert '| smoke | - | 66.00 |' in table_row(table, 'transformer [smoke]')
+  assert '| smoke | 20.00 ‡ |' in table_row(
     table, 'transformer [smoke, select=last]'
   )
   text = {
@@ -179,7 +216,8 @@ def test_a_run_from_before_test_last_reports_its_best_validation(tmp_path):
     '50.00',
     '-',
     'unknown',
-    '64.27 |',
+    'smoke',
+    '- |',
   ]
 
 
@@ -190,9 +228,9 @@ def test_generated_data_is_marked_and_never_pooled_with_release(tmp_path):
   write_run(tmp_path, 'r', 'pathfinder', 'transformer', 0.8)
   table = report.accuracy_table(str(tmp_path))
   gen = table_row(table, 'transformer [smoke, data=generated, select=best_val]')
-  assert '| 60.00 † (71.40) |' in gen
+  assert gen.endswith('| smoke | - | - | - | - | 60.00 † | - | - |')
   rel = table_row(table, 'transformer [smoke, data=release, select=best_val]')
-  assert '| 80.00 (71.40) |' in rel
+  assert rel.endswith('| smoke | - | - | - | - | 80.00 | - | - |')
 
 
 def test_a_run_without_its_config_is_labelled_unknown(tmp_path):

@@ -25,6 +25,12 @@ run resumed with changed optimiser settings adds `resumed with <keys>`; a
 field the run's config.json lacks (added to the code later) is no
 difference.
 
+Each row has a scale (SCALES): the size of the recipe it ran. Only a
+`reference` row (no small or smoke preset, no config value changed from
+the task file's) gets the LRA paper's number beside it: a small or smoke
+result is a CPU-sized recipe (fewer layers and steps, shorter inputs), not
+a measurement of the paper's setting.
+
 Each run reports one test accuracy, chosen by its model selection
 (results.json `select`; without it lra/train/metrics.py `selection` of its
 config.json: the rule of lra/train/rundir.py selection_of): the best-validation
@@ -39,8 +45,9 @@ same recipe share a row across tasks. Runs of an LM objective (causal_lm,
 masked_lm: pretraining) have no accuracy: `tables` lists them apart with
 their losses (pretraining_table).
 
-The paper's numbers are lra/report/paper.py's; the benchmark's bubble chart, which
-reads these runs, is lra/bench/report.py's (this module does not import it).
+The paper's numbers are lra/report/paper.py's; the benchmark's bubble chart,
+which reads these runs, is lra/bench/report.py's (this module does not import
+it).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import os
 
 import numpy as np
 
+from lra import commands
 from lra.errors import UserError
 from lra.report.paper import TASK_COLUMNS, lra_average, paper, paper_value
 from lra.train import config as config_loader
@@ -72,6 +80,11 @@ IGNORED = (
 # The row's identity, shown apart.
 IDENTITY = ('task', 'model_name', 'preset')
 GENERATED_MARK, LAST_MARK = '†', '‡'
+# A row's scale: its preset's size, `reference` when neither small nor smoke
+# is in it (spt, a recipe on top, keeps the scale), `reference, changed`
+# when its config differs from the reference (or is unknown). Only
+# `reference` rows sit beside the paper's numbers.
+SCALES = ('reference', 'reference, changed', 'small', 'smoke')
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,6 +162,28 @@ def model_label(results: dict) -> str:
   return f'{results["model"]} ({shown})' if shown else results['model']
 
 
+def run_scale(results: dict, config: dict | None) -> str:
+  """The run's scale (SCALES): `smoke` or `small` by its preset, else
+  `reference` when its config is the one its task file, model and preset
+  give (attention options aside), `reference, changed` when not or when
+  that cannot be told."""
+  presets = (results.get('preset') or '').split(',')
+  for scale in ('smoke', 'small'):
+    if scale in presets:
+      return scale
+  if config is None:
+    return 'reference, changed'
+  reference = reference_config(
+    results['task'], results['model'], ','.join(presets)
+  )
+  apart = tuple(
+    f'model.attention.{k}' for k in rundir.attention_options(results)
+  )
+  if reference is None or config_differences(config, reference, apart):
+    return 'reference, changed'
+  return 'reference, changed' if rundir.changed_keys(config) else 'reference'
+
+
 def run_label(results: dict, config: dict | None) -> str:
   """`model (attention options) [preset, differences]` of one run (see the
   module docstring); an attention option shown in brackets is not repeated
@@ -185,7 +220,9 @@ def read_runs(runs_dir: str) -> list[dict]:
   )
   if not paths:
     raise UserError(
-      f'No results.json below {runs_dir}; finish a train.py run there first.'
+      f'No results.json below {runs_dir}; finish a run there first '
+      f'(`{commands.program("train")} --config ... --workdir '
+      f'{os.path.join(runs_dir, "NAME")}`).'
     )
   runs = []
   for path in paths:
@@ -203,6 +240,7 @@ def read_runs(runs_dir: str) -> list[dict]:
         'task': results['task'],
         'model': results['model'],
         'label': run_label(results, config),
+        'scale': run_scale(results, config),
         'select': select,
         'accuracy': 100.0 * rundir.selected_test(results, config)['accuracy'],
         'best': 100.0 * results['test']['accuracy'],
@@ -223,7 +261,7 @@ def read_runs(runs_dir: str) -> list[dict]:
 def group_runs(runs):
   """Runs with the same task, label, selection and data source, averaged.
 
-  Returns a sorted list of dicts: task, label, model, select, data, n,
+  Returns a sorted list of dicts: task, label, model, scale, select, data, n,
   seeds, accuracies (one per run), accuracy (their mean), spread (their
   std), best and last (means of the two test accuracies), runs (paths). A
   label two groups of one task share (data generated for one, read for the
@@ -248,6 +286,7 @@ def group_runs(runs):
         'task': task,
         'label': label,
         'model': members[0]['model'],
+        'scale': members[0]['scale'],
         'select': select,
         'data': data,
         'n': len(members),
@@ -294,12 +333,18 @@ def _column(task):
 
 
 LEGEND = (
-  "Test accuracy (%): ours, with the LRA paper's in brackets. A row is one "
+  "Test accuracy (%) of our runs. Scale: the recipe's size (reference: the "
+  'LRA configuration; small: the CPU recipe; smoke: seconds, for tests; '
+  'reference, changed: the reference preset with config values changed). '
+  "The LRA paper's number is in brackets beside reference rows only: a "
+  'small or smoke result is not comparable with it. A row is one '
   'effective config: `[...]` gives its preset and every config value that '
   'differs from `configs/<task>.py:<model>[,<preset>]` (`model.` dropped; '
-  'seed and bookkeeping fields aside, lra/report/tables.py). Runs of one config '
-  'are averaged: ± is the population std over n runs. Each run reports its '
-  "best-validation checkpoint's test accuracy, or (" + LAST_MARK + ') its '
+  'seed and bookkeeping fields aside, lra/report/tables.py). Runs of one '
+  'config are averaged: ± is the population std over n runs. Each run '
+  "reports its best-validation checkpoint's test accuracy, or ("
+  + LAST_MARK
+  + ') its '
   "final step's (select=last, as the LRA reference). " + GENERATED_MARK + ' '
   "data generated by this project's generators, not read from the LRA "
   'release files the paper used.'
@@ -316,6 +361,7 @@ def accuracy_table(runs_dir):
     if g['task'] in TASK_COLUMNS:
       rows.setdefault(g['label'], {})[g['task']] = g
   model_of = {g['label']: g['model'] for g in groups}
+  scale_of = {g['label']: g['scale'] for g in groups}
   # Paper models first; a model's reference row before its variants.
   labels = sorted(
     rows,
@@ -329,18 +375,19 @@ def accuracy_table(runs_dir):
   lines = [
     LEGEND,
     '',
-    '| model | ' + ' | '.join(TASK_COLUMNS) + ' | avg |',
-    '|' + '---|' * (len(TASK_COLUMNS) + 2),
+    '| model | scale | ' + ' | '.join(TASK_COLUMNS) + ' | avg |',
+    '|' + '---|' * (len(TASK_COLUMNS) + 3),
   ]
   for label in labels:
-    cells = []
+    beside = scale_of[label] == 'reference'  # the paper's number, comparable
+    cells = [scale_of[label]]
     for t in TASK_COLUMNS:
       g = rows[label].get(t)
-      ref = paper_value(table1, model_of[label], t)
+      ref = paper_value(table1, model_of[label], t) if beside else None
       cell = '-' if g is None else _mean_cell(g) + _marks([g])
       cells.append(cell + (f' ({ref:.2f})' if ref is not None else ''))
     avg = lra_average({t: g['accuracy'] for t, g in rows[label].items()})
-    ref = paper_value(table1, model_of[label], 'avg')
+    ref = paper_value(table1, model_of[label], 'avg') if beside else None
     cell = '-'
     if avg is not None:
       cell = f'{avg:.2f}' + _marks([rows[label][t] for t in TASK_COLUMNS[:5]])
@@ -349,11 +396,12 @@ def accuracy_table(runs_dir):
   lines += [
     '',
     'Runs by config: the test accuracy reported (selection), and both '
-    "checkpoints' (best validation, final step).",
+    "checkpoints' (best validation, final step); the paper's number for "
+    'reference rows only.',
     '',
     '| task | model | n | seeds | reported | selection | best-val ckpt '
-    '| final ckpt | data | paper |',
-    '|' + '---|' * 10,
+    '| final ckpt | data | scale | paper |',
+    '|' + '---|' * 11,
   ]
   for g in sorted(
     groups,
@@ -364,7 +412,11 @@ def accuracy_table(runs_dir):
       g['label'],
     ),
   ):
-    ref = paper_value(table1, g['model'], g['task'])
+    ref = (
+      paper_value(table1, g['model'], g['task'])
+      if g['scale'] == 'reference'
+      else None
+    )
     cells = [
       g['task'],
       g['label'],
@@ -375,6 +427,7 @@ def accuracy_table(runs_dir):
       f'{g["best"]:.2f}',
       '-' if g['last'] is None else f'{g["last"]:.2f}',
       g['data'],
+      g['scale'],
       '-' if ref is None else f'{ref:.2f}',
     ]
     lines.append('| ' + ' | '.join(cells) + ' |')
