@@ -3,6 +3,7 @@ x grid axes, one workdir a run, resumable, each run its own process.
 
   main.py      the command line (`lra-sweep`, `python -m lra.sweep`)
   plan.py      which runs a command names (tasks, models, presets, grid)
+  spec.py      a sweep written as a Python file (--sweep FILE.py:FN)
   grid.py      grid axes: the cross product, tuned rows, diverged runs
   runner.py    runs them one after another (a child process each), skips
                the finished, records failures; `Sweep`

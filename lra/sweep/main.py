@@ -3,6 +3,8 @@ r"""A resumable sweep over tasks x models: LRA Table 1 as one command.
   python -m lra.sweep --tasks listops,pathfinder --models all \
       --preset small --out runs/sweep [--config.<key>=<value> ...] \
       [--dry_run] [--bench DIR] [--noprobe] [--jobs K]
+  python -m lra.sweep --sweep experiments/mqar/sweeps.py:width_grid \
+      --out runs/mqar [the flags above: they replace or extend the file's]
 
 Each (task, model) trains in its own workdir OUT/<task>/<model>[-<preset>],
 one after the other (--jobs K: up to K at once), by the command a user would
@@ -80,10 +82,14 @@ once per distinct config (the compile time plus --probe_seconds, default
 data.num_val / num_test) and gives a range in minutes from the fastest and
 slowest probed steps. Data generation is never counted.
 
-The pieces: lra/sweep/plan.py (the runs and their commands),
-lra/sweep/runner.py (running them, reading their results, sweep.json and
-runs.md), lra/sweep/estimate.py (--dry_run); this module is the command
-line.
+--sweep FILE.py:FN reads the sweep from a Python file (lra/sweep/spec.py:
+FN returns tasks, models, preset, grid axes and config overrides, or a
+list of such sweeps, each into its own folder below --out).
+
+The pieces: lra/sweep/spec.py (sweep files), lra/sweep/plan.py (the runs
+and their commands), lra/sweep/runner.py (running them, reading their
+results, sweep.json and runs.md), lra/sweep/estimate.py (--dry_run); this
+module is the command line.
 """
 
 from __future__ import annotations
