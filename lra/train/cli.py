@@ -148,8 +148,55 @@ def _check_config_loaded():
     _no_config_file(flags.FLAGS['config'].config_filename)
 
 
+# The flags that ask for the usage (absl's own --help prints the flags of
+# the __main__ module only, none for a shim or console script, and exits
+# with status 1).
+HELP_FLAGS = ('--help', '-help', '-h', '--helpshort', '-helpshort', '-?')
+# The modules whose flags --help lists: this project's, not its libraries'.
+_OWN_MODULES = (
+  'lra', 'experiments', '__main__', 'train', 'eval', 'benchmark', 'scaling',
+)  # fmt: skip
+
+
+def usage_text(flag_values=None):
+  """--help's text: the program's usage (the __main__ module's docstring,
+  which run_main sets to the program's own), then every flag this
+  project defines, with its help and default."""
+  values = flags.FLAGS if flag_values is None else flag_values
+  main_module = sys.modules.get('__main__')
+  doc = ((main_module and main_module.__doc__) or '').strip('\n')
+  parts = [doc, '', 'flags:'] if doc else ['flags:']
+  by_module = values.flags_by_module_dict()
+  # The program's own flags first, the shared process flags (this module's)
+  # last.
+  for module in sorted(by_module, key=lambda m: (m == __name__, m)):
+    defined = by_module[module]
+    # absl names the __main__ module's flags by sys.argv[0].
+    own = module == sys.argv[0] or module.split('.')[0] in _OWN_MODULES
+    if not own or not defined:
+      continue
+    parts.append(values.module_help(module).rstrip())
+  parts.append('')
+  parts.append("--helpfull lists every flag, the libraries' included.")
+  return '\n'.join(parts) + '\n'
+
+
+def _help_asked(argv):
+  """Whether argv asks for --help (before a bare '--')."""
+  for arg in argv[1:]:
+    if arg == '--':
+      return False
+    if arg in HELP_FLAGS:
+      return True
+  return False
+
+
 def parse_flags(argv):
-  """absl flags_parser: parses, or prints one sentence and exits with 2."""
+  """absl flags_parser: parses, or prints one sentence and exits with 2;
+  --help (-h) prints the usage and this program's flags and exits 0."""
+  if _help_asked(argv):
+    sys.stdout.write(usage_text())
+    sys.exit(0)
   try:
     args = flags.FLAGS(argv)
     _check_config_loaded()

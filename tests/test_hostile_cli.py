@@ -1,0 +1,72 @@
+"""Hostile input, round three (command lines): --help of every entry point
+and console script, options that do not apply to the chosen model,
+non-finite option values, a config file that does not load."""
+
+import subprocess
+import sys
+
+from conftest import ROOT, SMOKE
+import pytest
+
+# (command, flags its usage must name): the scripts of the card and the
+# modules the console scripts (pyproject.toml) point to.
+ENTRY_POINTS = [
+  (['train.py'], ['--config', '--workdir', '--print_config']),
+  (['eval.py'], ['--workdir', '--split', '--table']),
+  (['benchmark.py'], ['--config', '--out']),
+  (['-m', 'lra.sweep'], ['--sweep', '--out', '--dry_run']),
+  (['-m', 'lra.sweep.archive'], ['--sweep', '--out']),
+  (['-m', 'lra.data.prepare'], ['--data_dir', '--force']),
+  (['-m', 'lra.train.main'], ['--config', '--workdir']),
+]
+# Console scripts as pip installs them: a wrapper that imports the
+# function and calls it with sys.argv[0] the script's name.
+CONSOLE = {
+  'lra-train': 'train:run',
+  'lra-eval': 'eval:run',
+  'lra-benchmark': 'lra.bench.main:run',
+  'lra-prepare': 'lra.data.prepare:run',
+  'lra-sweep': 'lra.sweep.main:run',
+}
+
+
+def help_of(args):
+  return subprocess.run(
+    [sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+    timeout=120,
+  )  # fmt: skip
+
+
+@pytest.mark.parametrize('command, names', ENTRY_POINTS)
+def test_help_prints_the_usage_and_the_flags_and_exits_0(command, names):
+  flag = '-h' if command == ['train.py'] else '--help'
+  proc = help_of([*command, flag])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+  for name in names:
+    assert name in proc.stdout, (name, proc.stdout[-3000:])
+
+
+@pytest.mark.parametrize('script', sorted(CONSOLE))
+def test_console_scripts_help_names_their_flags(script):
+  module, function = CONSOLE[script].split(':')
+  code = (
+    f'import sys; sys.argv = [{script!r}, "--help"]; '
+    f'import {module} as m; sys.exit(m.{function}())'
+  )
+  proc = help_of(['-c', code])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  names = dict((c[-1], n) for c, n in ENTRY_POINTS)
+  key = {
+    'lra-train': 'train.py', 'lra-eval': 'eval.py',
+    'lra-benchmark': 'benchmark.py', 'lra-prepare': 'lra.data.prepare',
+    'lra-sweep': 'lra.sweep',
+  }[script]  # fmt: skip
+  for name in names[key]:
+    assert name in proc.stdout, (script, name, proc.stdout[-3000:])
+  assert 'Try --helpfull' not in proc.stdout + proc.stderr
+
+
+def test_help_with_a_config_prints_the_usage_not_an_error():
+  proc = help_of(['train.py', f'--config={SMOKE}', '--help'])
+  assert proc.returncode == 0 and '--workdir' in proc.stdout
