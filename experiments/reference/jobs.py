@@ -201,7 +201,7 @@ def speed_jobs(tiny: bool) -> list[Job]:
     args = ['benchmark.py', f'--models={",".join(models)}']
     args += [f'--lengths={length}']
     if tiny:  # one process, no deadline per cell: seconds on a CPU
-      args += ['--preset=tiny', '--cell_timeout_s=0']
+      args += ['--preset=tiny', '--batch_size=4', '--cell_timeout_s=0']
     else:
       args += ['--preset=paper', '--dtype=bfloat16', '--cell_timeout_s=240']
     jobs.append(

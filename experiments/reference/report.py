@@ -312,11 +312,17 @@ def _length(n: int) -> str:
 
 
 def _speed_cell(cells, model, length, key, unit, paper, ref, i, what):
+  theirs = None
+  if length in ref['lengths'] and model in paper and model != 'transformer':
+    j = ref['lengths'].index(length)
+    theirs = _ratio(paper[model][j], paper['transformer'][j])
+  theirs_text = '-' if theirs is None else f'{theirs:.2f}x'
   row = cells.get((model, length))
   if row is None:
-    return NOT_RUN if not cells_at(cells, length) else '-'
+    ours_text = NOT_RUN if not cells_at(cells, length) else '-'
+    return ours_text + ('' if theirs is None else f' / {theirs_text}')
   if row.get('status') != 'ok':
-    return str(row.get('status'))
+    return str(row.get('status')) + f' / {theirs_text}'
   value = row.get(key)
   if what == 'memory' and value is not None:
     value = value / 1e9
@@ -327,12 +333,7 @@ def _speed_cell(cells, model, length, key, unit, paper, ref, i, what):
   if what == 'memory' and base_value is not None:
     base_value = base_value / 1e9
   ours = _ratio(value, base_value)
-  theirs = None
-  if length in ref['lengths'] and model in paper:
-    j = ref['lengths'].index(length)
-    theirs = _ratio(paper[model][j], paper['transformer'][j])
   ours_text = '-' if ours is None else f'{ours:.2f}x'
-  theirs_text = '-' if theirs is None else f'{theirs:.2f}x'
   return f'{ours_text} / {theirs_text}'
 
 
