@@ -18,6 +18,7 @@ import tarfile
 
 import pytest
 
+from experiments.reference import archive as queue_archive
 from experiments.reference import jobs as queue_jobs
 from experiments.reference import queue, report
 from experiments.reference.jobs import CARRY, MACHINE, Job
@@ -73,7 +74,7 @@ def test_queue_stops_resumes_and_reports(tmp_path, smoke_data_dir):
 
   def deadline(running):
     failed = any(m.startswith('listops/broken: failed') for m in said)
-    return failed and queue.latest_step(long_work) >= 20
+    return failed and queue_archive.latest_step(long_work) >= 20
 
   call = queue.run_queue(
     jobs,
@@ -144,7 +145,7 @@ def test_queue_stops_resumes_and_reports(tmp_path, smoke_data_dir):
     names = tar.getnames()
   assert 'archive/queue.json' in names
   assert 'archive/listops/transformer/results.json' in names
-  assert os.path.getsize(tarball) < queue.TARBALL_LIMIT_BYTES
+  assert os.path.getsize(tarball) < queue_archive.TARBALL_LIMIT_BYTES
 
   # The tables, regenerated from the archive between their markers.
   page = tmp_path / 'results.md'
@@ -200,10 +201,10 @@ def test_restore_machine_and_carried(tmp_path):
     {'from_step': 0, 'to_step': 30, 'seconds': 10.0}
   ]
   q.restore(carry)
-  assert queue.latest_step(os.path.join(work, 'pathfinder/c')) == 30
+  assert queue_archive.latest_step(os.path.join(work, 'pathfinder/c')) == 30
   # 60 steps left at the 3 steps/s its first attempt measured.
   record = q.state.jobs['pathfinder/c']
-  assert queue.remaining_seconds(carry, record, q.workdir(carry)) == 20
+  assert queue_archive.remaining_seconds(carry, record, q.workdir(carry)) == 20
 
 
 def test_cli_list_and_budget(tmp_path, capsys):

@@ -49,33 +49,38 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 
 from experiments.reference import jobs as queue_jobs
-from experiments.reference.jobs import CARRY, MACHINE, RERUN, Job
+from experiments.reference.archive import (
+  TARBALL_LIMIT_BYTES,
+  State,
+  archive_run,
+  error_line,
+  latest_step,
+  log_tail,
+  num_steps,
+  read_rows,
+  remaining_seconds,
+  restore_run,
+  write_tarball,
+)
+from experiments.reference.jobs import RERUN, Job
 from lra.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 ARCHIVE = os.path.join('experiments', 'reference', 'archive')
 WORK = os.path.join('runs', 'reference')
-STATE = 'queue.json'
-# A run's files the archive keeps (what the report and eval.py read).
-RUN_FILES = ('config.json', 'metrics.jsonl', 'results.json')
-SPEED_FILES = ('benchmark.json', 'benchmark.md')
-CARRY_LIMIT_BYTES = 4 << 20
-CARRY_TOTAL_BYTES = 12 << 20
-TARBALL_LIMIT_BYTES = 16 << 20
-LOG_TAIL_LINES = 60
 # Seconds kept at the end of the budget for the archive and the tarball,
 # after the jobs are killed.
 ARCHIVE_RESERVE_S = 8
+# The least time left worth starting a job that spans leases (a compile and
+# some steps; less would only write a checkpoint).
+MIN_SPAN_S = 120
 
 
 def _now() -> str:
@@ -98,144 +103,6 @@ def device_name() -> str:
   except (OSError, subprocess.SubprocessError):
     pass
   return f'CPU ({os.cpu_count()} cores)'
-
-
-# ------------------------------------------------------------ run files
-def _steps_in(folder: str) -> list[int]:
-  try:
-    return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
-  except OSError:
-    return []
-
-
-def latest_step(workdir: str) -> int:
-  """The step of workdir's newest saved checkpoint (0: none)."""
-  steps = _steps_in(os.path.join(workdir, 'checkpoints', 'latest'))
-  return steps[-1] if steps else 0
-
-
-def num_steps(workdir: str) -> int | None:
-  """config.json's num_train_steps of a train.py workdir, or None."""
-  try:
-    with open(os.path.join(workdir, 'config.json')) as f:
-      return int(json.load(f)['num_train_steps'])
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-
-
-def _size(path: str) -> int:
-  total = 0
-  for folder, _, files in os.walk(path):
-    total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
-  return total
-
-
-def _copy_newest(src: str, dst: str) -> None:
-  """checkpoints/{latest,best}: only the newest step of each."""
-  for which in ('latest', 'best'):
-    steps = _steps_in(os.path.join(src, which))
-    if steps:
-      shutil.copytree(
-        os.path.join(src, which, str(steps[-1])),
-        os.path.join(dst, which, str(steps[-1])),
-      )
-
-
-def _log_tail(path: str) -> str:
-  try:
-    with open(path, errors='replace') as f:
-      text = f.read()
-  except OSError:
-    return ''
-  lines = [ln.rstrip() for ln in text.replace('\r', '\n').split('\n')]
-  return '\n'.join([ln for ln in lines if ln][-LOG_TAIL_LINES:]) + '\n'
-
-
-def error_line(log_text: str, returncode: int) -> str:
-  """The sentence that says why a job failed: its last `error:` line, else
-  its last line, with the exit status."""
-  lines = [ln for ln in log_text.splitlines() if ln.strip()]
-  errors = [ln for ln in lines if ln.startswith('error:')]
-  last = errors[-1] if errors else (lines[-1] if lines else 'no output')
-  return f'exit {returncode}: {last.strip()[:400]}'
-
-
-# ----------------------------------------------------------------- state
-class State:
-  """ARCHIVE/queue.json: every job's record, the calls and the data
-  preparations."""
-
-  def __init__(self, archive: str, jobs: list[Job], name: str):
-    self.archive = archive
-    self.path = os.path.join(archive, STATE)
-    data = {}
-    if os.path.exists(self.path):
-      try:
-        with open(self.path) as f:
-          data = json.load(f)
-      except ValueError as e:
-        raise UserError(
-          f'{self.path} is not valid JSON ({e}); restore it from git.'
-        ) from None
-    if data and data.get('queue') != name:
-      raise UserError(
-        f'{archive} holds the {data.get("queue")!r} queue, not {name!r}; '
-        'give another --archive (--tiny has its own).'
-      )
-    old = data.get('jobs', {})
-    self.jobs = {}
-    for job in jobs:
-      record = dict(old.get(job.name) or {'status': 'pending', 'step': 0})
-      record.setdefault('attempts', [])
-      record.update(job.meta())
-      self.jobs[job.name] = record
-    # Jobs of an older queue keep their records (nothing measured is lost).
-    for name_, record in old.items():
-      self.jobs.setdefault(name_, dict(record, retired=True))
-    self.calls = data.get('calls', [])
-    self.prepare = data.get('prepare', [])
-    self.name = name
-
-  def save(self) -> None:
-    os.makedirs(self.archive, exist_ok=True)
-    data = {
-      'queue': self.name,
-      'note': 'Written by python -m experiments.reference.queue; read by '
-      'python -m experiments.reference.report.',
-      'jobs': self.jobs,
-      'calls': self.calls,
-      'prepare': self.prepare,
-    }
-    tmp = self.path + '.tmp'
-    with open(tmp, 'w') as f:
-      json.dump(data, f, indent=1)
-      f.write('\n')
-    os.replace(tmp, self.path)
-
-
-def remaining_seconds(job: Job, record: dict, workdir: str) -> float:
-  """Expected seconds to finish `job`: from its earlier attempts' rate when
-  it has one (steps per second, or cells per second for a speed length),
-  else its expected seconds scaled by the steps left."""
-  attempts = record.get('attempts', [])
-  if job.kind == 'speed':
-    done = [a for a in attempts if a.get('cells_done')]
-    if done:
-      a = done[-1]
-      return a['seconds'] * len(job.cells) / a['cells_done']
-    return job.seconds
-  step = latest_step(workdir) if job.resume != RERUN else 0
-  if job.resume == CARRY and not step:
-    step = record.get('step', 0) if record.get('checkpoint') == 'carried' else 0
-  total = num_steps(workdir) or record.get('num_steps')
-  rated = [a for a in attempts if a.get('to_step', 0) > a.get('from_step', 0)]
-  if total and rated:
-    a = rated[-1]
-    rate = (a['to_step'] - a['from_step']) / max(a['seconds'], 1e-9)
-    return (total - step) / rate
-  if total:
-    return job.seconds * (1 - step / total)
-  return job.seconds
 
 
 # ------------------------------------------------------------------- run
@@ -284,23 +151,9 @@ class Queue:
 
   # --- before a start
   def restore(self, job: Job) -> None:
-    """Puts the job's work folder in the state its start expects: a carried
-    checkpoint back in place, or a clean folder for a fresh start."""
-    workdir = self.workdir(job)
-    record = self.state.jobs[job.name]
-    if job.kind == 'train' and latest_step(workdir):
-      return  # this machine's own checkpoint: the run resumes from it
-    if os.path.isdir(workdir):
-      shutil.rmtree(workdir)
-    carried = os.path.join(self.arch(job), 'checkpoints')
-    if job.resume == CARRY and record.get('checkpoint') == 'carried':
-      if latest_step(self.arch(job)):
-        os.makedirs(workdir)
-        shutil.copytree(carried, os.path.join(workdir, 'checkpoints'))
-        for name in RUN_FILES:
-          src = os.path.join(self.arch(job), name)
-          if os.path.exists(src):
-            shutil.copy2(src, workdir)
+    restore_run(
+      job, self.workdir(job), self.arch(job), self.state.jobs[job.name]
+    )
 
   # --- after an end
   def finish(self, run: Running, *, stopped_by_us: bool) -> None:
@@ -314,7 +167,7 @@ class Queue:
       'seconds': round(seconds, 1),
       'exit': rc,
     }
-    log_text = _log_tail(run.log_path)
+    log_text = log_tail(run.log_path)
     if job.kind == 'train':
       done = rc == 0 and os.path.exists(os.path.join(workdir, 'results.json'))
       to_step = latest_step(workdir)
@@ -322,10 +175,10 @@ class Queue:
         to_step = max(to_step, num_steps(workdir) or 0)
       attempt.update(from_step=run.from_step, to_step=to_step)
       record['step'] = to_step
-      record['num_steps'] = num_steps(workdir)
+      record['num_steps'] = num_steps(workdir) or record.get('num_steps')
     else:
       done = rc == 0
-      rows = _read_rows(os.path.join(workdir, 'benchmark.json'))
+      rows = read_rows(os.path.join(workdir, 'benchmark.json'))
       attempt['cells_done'] = len(rows)
       record['step'] = len(rows)
       record['num_steps'] = len(job.cells)
@@ -345,61 +198,15 @@ class Queue:
     record['device_seconds'] = round(
       sum(a['seconds'] for a in record['attempts']), 1
     )
-    self._archive(job, workdir, status, log_text)
+    archive_run(
+      job, workdir, self.arch(job), record, status, log_text, self.archive
+    )
     self.state.save()
     self.say(
       f'{job.name}: {status} after {seconds:.0f} s'
       + (f' (step {record["step"]})' if job.kind == 'train' else '')
       + (f'; {record["error"]}' if status == 'failed' else '')
     )
-
-  def _archive(self, job, workdir, status, log_text):
-    dst = self.arch(job)
-    record = self.state.jobs[job.name]
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(dst):
-      if name != 'checkpoints':
-        path = os.path.join(dst, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    names = SPEED_FILES if job.kind == 'speed' else RUN_FILES
-    names += tuple(
-      n
-      for n in _listdir(workdir)
-      if n.startswith('eval_') and n.endswith('.json')
-    )
-    for name in names:
-      src = os.path.join(workdir, name)
-      if os.path.isfile(src):
-        shutil.copy2(src, dst)
-    with open(os.path.join(dst, 'log_tail.txt'), 'w') as f:
-      f.write(log_text)
-    old = os.path.join(dst, 'checkpoints')
-    if job.kind != 'train' or status == 'done':
-      shutil.rmtree(old, ignore_errors=True)
-      record.pop('checkpoint', None)
-      return
-    if job.resume == MACHINE:
-      record['checkpoint'] = (
-        'on the machine' if latest_step(workdir) else 'none'
-      )
-      return
-    ckpt = os.path.join(workdir, 'checkpoints')
-    if not latest_step(workdir):  # stopped before its first save
-      record['checkpoint'] = 'carried' if latest_step(dst) else 'none'
-      return
-    tmp = os.path.join(dst, 'checkpoints.new')
-    shutil.rmtree(tmp, ignore_errors=True)
-    _copy_newest(ckpt, tmp)
-    size = _size(tmp)
-    others = _size(self.archive) - _size(dst)
-    if size > CARRY_LIMIT_BYTES or others + size > CARRY_TOTAL_BYTES:
-      shutil.rmtree(tmp)
-      shutil.rmtree(old, ignore_errors=True)
-      record['checkpoint'] = f'not carried ({size / 2**20:.1f} MiB)'
-      return
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(tmp, old)
-    record['checkpoint'] = 'carried'
 
   # --- the call
   def todo(self, retry_failed: bool) -> list[Job]:
@@ -427,6 +234,7 @@ class Queue:
     stop_at = t0 + budget - tail
     kill_at = t0 + budget - ARCHIVE_RESERVE_S
     lease_end = t0 + lease - tail
+    min_span = min(MIN_SPAN_S, budget / 4)
     os.makedirs(self.work, exist_ok=True)
     logs = os.path.join(self.work, '_logs')
     os.makedirs(logs, exist_ok=True)
@@ -459,7 +267,9 @@ class Queue:
         record = self.state.jobs[job.name]
         need = remaining_seconds(job, record, self.workdir(job))
         left = (stop_at if job.resume == RERUN else lease_end) - now
-        if need > left and not job.spans:
+        # A spanning job needs only a useful stretch; the rest must fit.
+        too_late = left < min_span if job.spans else need > left
+        if too_late:
           call['skipped'][job.name] = (
             f'needs about {need:.0f} s, {max(left, 0):.0f} s left'
           )
@@ -548,7 +358,7 @@ class Queue:
         'device': self.device,
       }
       if proc.returncode:
-        entry['error'] = error_line(_log_tail(log), proc.returncode)
+        entry['error'] = error_line(log_tail(log), proc.returncode)
       self.state.prepare.append(entry)
       self.say(
         f'data: {entry["command"]} exit {proc.returncode}, {seconds:.0f} s'
@@ -571,30 +381,6 @@ class Queue:
     if p['current'] is not None:
       busy.add(p['current'][0])
     return busy
-
-
-def _listdir(path: str) -> list[str]:
-  try:
-    return os.listdir(path)
-  except OSError:
-    return []
-
-
-def _read_rows(path: str) -> list:
-  try:
-    with open(path) as f:
-      rows = json.load(f)
-  except (OSError, ValueError):
-    return []
-  return rows if isinstance(rows, list) else []
-
-
-def write_tarball(archive: str, path: str) -> int:
-  """ARCHIVE as one .tgz (its folder name at the top); returns its size."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with tarfile.open(path, 'w:gz') as tar:
-    tar.add(archive, arcname=os.path.basename(os.path.normpath(archive)))
-  return os.path.getsize(path)
 
 
 def run_queue(

@@ -34,7 +34,8 @@ import os
 import sys
 
 from experiments.reference import jobs as queue_jobs
-from experiments.reference.queue import ARCHIVE, STATE
+from experiments.reference.archive import STATE
+from experiments.reference.queue import ARCHIVE
 from lra.errors import UserError
 from lra.report import paper as lra_paper
 from lra.train import rundir
