@@ -5,6 +5,7 @@ every command they show names a module, a file, a console script and
 train.py flags that exist. tests/test_readme.py runs the README's own
 commands; this file only checks what the pages name."""
 
+import concurrent.futures
 import glob
 import importlib.util
 import os
@@ -312,27 +313,28 @@ def help_flags(text):
 @pytest.fixture(scope='module')
 def program_flags():
   """{program: the flags it accepts} for every program the docs run, from
-  its own help (all started at once; --help where --helpfull is not
-  absl's)."""
+  its own help (--help where --helpfull is not absl's), four at a time."""
   programs = sorted({p for page in pages() for p, _ in invocations(page)})
 
-  def start(program, flag):
-    return subprocess.Popen(
+  def help_text(program, flag):
+    proc = subprocess.run(
       [sys.executable, *program.split(), flag],
       cwd=ROOT,
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
+      timeout=300,
     )
+    return proc.stdout
 
-  procs = {p: start(p, '--helpfull') for p in programs}
-  flags = {p: help_flags(procs[p].communicate(timeout=300)[0]) for p in procs}
-  retry = {
-    p: start(p, '--help') for p in programs if 'helpfull' not in flags[p]
-  }
-  for p, proc in retry.items():
-    flags[p] = help_flags(proc.communicate(timeout=300)[0])
-  return flags
+  def flags_of(program):
+    flags = help_flags(help_text(program, '--helpfull'))
+    if 'helpfull' not in flags:
+      flags = help_flags(help_text(program, '--help'))
+    return flags
+
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    return dict(zip(programs, pool.map(flags_of, programs)))
 
 
 def unknown_flags(page, flags):
