@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 from test_fidelity import write_run
 
-from configs import models as model_configs
+from lra.bench import cells as bench_cells
+from lra.bench import isolate as bench_isolate
 from lra.bench import main as benchmark
+from lra.bench import measure as bench_measure
 from lra.bench import report as bench_report
 from lra.errors import UserError
+from lra.train import options as model_options
 from models.attention import Mask, build
 from models.attention.memory import core_memory, core_memory_bytes
 
@@ -53,7 +56,7 @@ def test_smoke_run_writes_table_json_and_plots(bench_dir):
     (m, n) for m in MODELS for n in LENGTHS
   ]
   for row in rows:
-    assert set(benchmark.ROW_FIELDS) <= set(row), row['model']
+    assert set(bench_cells.ROW_FIELDS) <= set(row), row['model']
     assert row['status'] == 'ok', row['error']
     assert row['peak_memory_source'] == 'xla_compiled_memory_analysis'
     assert row['peak_memory_bytes'] >= row['memory_analysis']['temp'] > 0
@@ -82,7 +85,7 @@ def test_smoke_run_writes_table_json_and_plots(bench_dir):
 
 
 def test_table_marks_failed_cells_and_shows_paper_numbers():
-  ok = dict.fromkeys(benchmark.ROW_FIELDS)
+  ok = dict.fromkeys(bench_cells.ROW_FIELDS)
   ok.update(
     model='transformer',
     length=1024,
@@ -93,7 +96,9 @@ def test_table_marks_failed_cells_and_shows_paper_numbers():
     preset='cpu',
     timed_steps=5,
     warmup_steps=1,
-    model_config=benchmark.model_summary(benchmark.text_config('transformer')),
+    model_config=bench_cells.model_summary(
+      bench_cells.text_config('transformer')
+    ),
   )
   fast = {**ok, 'model': 'performer', 'steps_per_sec': 3.0, 'length': 1024}
   oom = {**ok, 'model': 'performer', 'length': 2048, 'status': 'OOM'}
@@ -114,7 +119,7 @@ def test_failed_cells_are_marked_and_the_run_goes_on(tmp_path, monkeypatch):
       raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating')
     raise ValueError('broken core')
 
-  monkeypatch.setattr(benchmark, 'measure', measure)
+  monkeypatch.setattr(bench_measure, 'measure', measure)
   rows = benchmark.run_benchmark(
     ['transformer'],
     LENGTHS,
@@ -132,9 +137,9 @@ def test_failed_cells_are_marked_and_the_run_goes_on(tmp_path, monkeypatch):
 
 
 def test_failure_classifies_out_of_memory():
-  status, _ = benchmark.failure(RuntimeError('RESOURCE_EXHAUSTED: 9GB'))
+  status, _ = bench_cells.failure(RuntimeError('RESOURCE_EXHAUSTED: 9GB'))
   assert status == 'OOM'
-  status, message = benchmark.failure(ValueError('bad shape'))
+  status, message = bench_cells.failure(ValueError('bad shape'))
   assert (status, message) == ('error', 'ValueError: bad shape')
 
 
@@ -147,7 +152,7 @@ def test_models_flag_runs_exactly_the_listed_models():
     'transformer_fused',
     'performer',
   ]
-  everything = list(model_configs.known_models())
+  everything = list(model_options.known_models())
   assert select('all,-transformer_fused', baselines=True) == [
     m for m in everything if m != 'transformer_fused'
   ]
@@ -283,7 +288,7 @@ def test_ceiling_tables_give_fractions():
     ('transformer', 2.0, 2e9),
     ('performer', 3.0, 1.25e9),
   ):
-    row = dict.fromkeys(benchmark.ROW_FIELDS)
+    row = dict.fromkeys(bench_cells.ROW_FIELDS)
     row.update(
       model=model,
       length=1024,
@@ -294,7 +299,7 @@ def test_ceiling_tables_give_fractions():
       preset='paper',
       timed_steps=5,
       warmup_steps=1,
-      model_config=benchmark.model_summary(benchmark.ceiling_config()),
+      model_config=bench_cells.model_summary(bench_cells.ceiling_config()),
     )
     rows.append(row)
   rows.append({**rows[2], 'length': 2048, 'status': 'OOM', 'error': 'OOM'})
@@ -358,17 +363,17 @@ def test_dtype_reaches_the_cell_and_the_kernel_is_detected_from_hlo():
   """--dtype sets each cell's compute dtype; fused_kernel_of reads the
   compiled HLO: no cuDNN call on this backend, 'cudnn' for a text that
   holds one."""
-  c = benchmark.cell_config('transformer_fused', 64, 'tiny', 2, 'bfloat16')
+  c = bench_cells.cell_config('transformer_fused', 64, 'tiny', 2, 'bfloat16')
   assert c.dtype == 'bfloat16' and c.max_length == 64
 
   compiled = jax.jit(lambda x: x * 2).lower(jnp.ones(3)).compile()
-  assert benchmark.fused_kernel_of(compiled) is None
+  assert bench_measure.fused_kernel_of(compiled) is None
 
   class Fake:
     def as_text(self):
       return 'custom_call_target="__cudnn$fmhaSoftmax"'
 
-  assert benchmark.fused_kernel_of(Fake()) == 'cudnn'
+  assert bench_measure.fused_kernel_of(Fake()) == 'cudnn'
 
 
 # ------------------------------------------- --config, modes, deadlines
@@ -465,7 +470,7 @@ def test_config_args_and_model_swap():
 
 
 def test_peak_table_and_mfu():
-  peak = benchmark.peak_flops
+  peak = bench_measure.peak_flops
   assert peak('NVIDIA H200', 'bfloat16')[0] == 989e12
   assert peak('NVIDIA H200', 'float32')[0] == 67e12
   assert peak('NVIDIA H100 80GB HBM3', 'bfloat16')[0] == 989e12
@@ -478,12 +483,14 @@ def test_peak_table_and_mfu():
   assert peak('cpu', 'float32', 2e12) == (2e12, '--peak_flops')
   assert 'datasheet' in peak('NVIDIA H200', 'bfloat16')[1]
   row = {'steps_per_sec': 4.0, 'flops_per_step': 1e12, 'device_kind': 'x'}
-  config = benchmark.cell_config('transformer', 128, 'tiny', 2)
-  benchmark.add_rates(row, config, benchmark.tasks.get_task('text'), 16e12)
+  config = bench_cells.cell_config('transformer', 128, 'tiny', 2)
+  bench_measure.add_rates(
+    row, config, bench_measure.tasks.get_task('text'), 16e12
+  )
   assert row['mfu'] == pytest.approx(0.25)  # 4 x 1e12 / 16e12
   assert (row['examples_per_sec'], row['tokens_per_sec']) == (8.0, 1024.0)
-  retrieval = benchmark.tasks.get_task('retrieval')  # two documents
-  benchmark.add_rates(row, config, retrieval)
+  retrieval = bench_measure.tasks.get_task('retrieval')  # two documents
+  bench_measure.add_rates(row, config, retrieval)
   assert row['tokens_per_example'] == 256 and row['mfu'] is None
 
 
@@ -496,7 +503,7 @@ def test_deadline_records_a_timeout_and_the_next_cell_runs(
 ):
   """A cell past --cell_timeout_s is killed and recorded; the next cell
   runs; benchmark.json holds every finished cell before the next starts."""
-  row = dict.fromkeys(benchmark.ROW_FIELDS)
+  row = dict.fromkeys(bench_cells.ROW_FIELDS)
   row.update(
     model='transformer',
     length=64,
@@ -513,7 +520,9 @@ def test_deadline_records_a_timeout_and_the_next_cell_runs(
     backend='cpu',
     device_kind='cpu',
     device_count=1,
-    model_config=benchmark.model_summary(benchmark.text_config('transformer')),
+    model_config=bench_cells.model_summary(
+      bench_cells.text_config('transformer')
+    ),
   )
 
   def cell_command(spec, row_path):
@@ -529,7 +538,7 @@ def test_deadline_records_a_timeout_and_the_next_cell_runs(
       f'json.dump({row!r}, open({row_path!r}, "w"))'
     )
 
-  monkeypatch.setattr(benchmark, 'cell_command', cell_command)
+  monkeypatch.setattr(bench_isolate, 'cell_command', cell_command)
   rows = benchmark.run_benchmark(
     ['transformer'],
     [32, 64],
@@ -553,7 +562,7 @@ def test_deadline_records_a_timeout_and_the_next_cell_runs(
 
 def test_a_cell_process_that_dies_is_an_error(tmp_path, monkeypatch):
   monkeypatch.setattr(
-    benchmark,
+    bench_isolate,
     'cell_command',
     lambda spec, path: _fake_cell('import sys; print("boom"); sys.exit(3)'),
   )
@@ -579,13 +588,13 @@ def test_loop_rate_from_metrics_rows():
     {'step': 6, 'split': 'train', 'steps_per_sec': 10.0},  # 4-6: 0.2 s
     {'step': 9, 'split': 'train', 'steps_per_sec': 3.0},  # 6-9: 1 s
   ]
-  assert benchmark.loop_rate(rows) == (5, pytest.approx(5 / 1.2))
+  assert bench_measure.loop_rate(rows) == (5, pytest.approx(5 / 1.2))
   # Without enough rows to leave the warm-up out, all of them.
-  assert benchmark.loop_rate(rows[:2]) == (3, pytest.approx(3 / 2.02))
-  assert benchmark.loop_rate([{'step': 1, 'split': 'train'}]) == (0, None)
-  config = benchmark.cell_config('transformer', 64, 'tiny', 2)
+  assert bench_measure.loop_rate(rows[:2]) == (3, pytest.approx(3 / 2.02))
+  assert bench_measure.loop_rate([{'step': 1, 'split': 'train'}]) == (0, None)
+  config = bench_cells.cell_config('transformer', 64, 'tiny', 2)
   config.log_every_steps = 4
-  config = benchmark.loop_config(config, 5)
+  config = bench_measure.loop_config(config, 5)
   assert config.num_train_steps == 13 == config.eval_every_steps  # 2 x 4 + 5
   assert config.checkpoint_every_steps == 13 and config.length_schedule == ''
 

@@ -55,15 +55,16 @@ import os
 import time
 
 from absl import flags
-import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import models as model_configs
+from lra.bench.cells import environment, failure
 from lra.errors import UserError
+from lra.train import options as model_options
 from lra.train.metrics import write_json
+from lra.train.oom import OutOfMemory, memory_limit
 from models.attention import registry
 from models.attention.base import Mask
 from models.attention.memory import compiled_memory
@@ -132,6 +133,7 @@ ROW_FIELDS = (
   'attention',
   'backend',
   'device_kind',
+  'device_count',
   'jax_version',
   'flax_version',
 )
@@ -142,8 +144,8 @@ def layer_options(model, overrides=None):
   """The model's `model.attention` block (configs/models.py) as a dict,
   `overrides` over it, checked (an unknown option or a bad value: one
   UserError sentence) and resolved as the Text classifier resolves it."""
-  values = {**model_configs.attention_defaults(model), **(overrides or {})}
-  block = model_configs.attention_block(values).to_dict()
+  values = {**model_options.attention_defaults(model), **(overrides or {})}
+  block = model_options.attention_block(values).to_dict()
   resolve = getattr(
     registry.get_core_class(block['name']), 'model_options', None
   )
@@ -233,44 +235,6 @@ class Cell:
 
 
 # -------------------------------------------------------------- measure
-def memory_limit():
-  """Bytes a layer may use: the device's limit, or the host's available."""
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if 'bytes_limit' in stats:
-    return stats['bytes_limit']
-  try:
-    with open('/proc/meminfo') as f:
-      info = dict(line.split(':', 1) for line in f)
-    return int(info['MemAvailable'].split()[0]) * 1024
-  except (OSError, KeyError, ValueError):
-    return None
-
-
-class OutOfMemory(Exception):
-  pass
-
-
-def failure(error):
-  """(status, message) of an exception raised by a cell."""
-  message = f'{type(error).__name__}: {error}'.strip()
-  if isinstance(error, UserError):
-    message = str(error)
-  text = message.lower()
-  oom = isinstance(error, (OutOfMemory, MemoryError)) or any(
-    s in text for s in ('resource_exhausted', 'out of memory')
-  )
-  return ('OOM' if oom else 'error'), message.splitlines()[0][:500]
-
-
-def environment():
-  return {
-    'backend': jax.default_backend(),
-    'device_kind': jax.devices()[0].device_kind,
-    'jax_version': jax.__version__,
-    'flax_version': flax.__version__,
-  }
-
-
 def load_1min():
   return os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
 
