@@ -2,7 +2,10 @@
 compile time; each cell in its own process so one out-of-memory cell does
 not end the table.
 
-  main.py    the command line (`lra-benchmark`, `python benchmark.py`)
-  layer.py   one attention layer alone (`--layer`)
-  report.py  the Markdown table and plots beside the paper's Table 2
+  main.py     the command line (`lra-benchmark`, `python benchmark.py`)
+  cells.py    what a cell is: its spec, its config, its row
+  measure.py  one cell's training step: speed, memory, FLOPs; --mode loop
+  isolate.py  each cell in its own process, killed past its deadline
+  layer.py    one attention layer alone (`--layer`)
+  report.py   the Markdown table and plots beside the paper's Table 2
 """

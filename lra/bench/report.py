@@ -2,7 +2,7 @@
 
 benchmark.md has LRA Table 2's layout (steps/s and peak memory per length,
 the paper's numbers beneath ours); the plots draw one line per model against
-sequence length. Rows are benchmark.json's (benchmark.ROW_FIELDS).
+sequence length. Rows are benchmark.json's (lra/bench/cells.py ROW_FIELDS).
 
 Beneath them, a table of every cell's throughput (steps/s, examples/s,
 tokens/s, GFLOP per step and model FLOP utilisation, the fields benchmark.py
