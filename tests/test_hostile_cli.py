@@ -70,3 +70,63 @@ def test_console_scripts_help_names_their_flags(script):
 def test_help_with_a_config_prints_the_usage_not_an_error():
   proc = help_of(['train.py', f'--config={SMOKE}', '--help'])
   assert proc.returncode == 0 and '--workdir' in proc.stdout
+
+
+# A config file of one's own that does not load, and the line to name.
+BROKEN_CONFIGS = {
+  'syntax': ('from configs import listops\ndef get_config(arg:\n', 2),
+  'indent': ('def get_config(arg=None):\n  if arg:\n return 1\n', 3),
+  'name': ('def get_config(arg=None):\n  return listops.get_config(arg)\n', 2),
+  'raises': ('import os\nraise RuntimeError("half-edited")\n', 2),
+  'value': ('def get_config(arg=None):\n  return int("x1")\n', 2),
+  'no_get_config': ('x = 1\n', None),
+  'binary': (b'\x00\x93\xff garbage', None),  # no line: null bytes
+}
+
+
+@pytest.mark.parametrize('kind', sorted(BROKEN_CONFIGS))
+def test_a_config_file_that_does_not_load_is_one_sentence_naming_it(
+  tmp_path, kind
+):
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+  from lra.train import cli  # pylint: disable=g-import-not-at-top
+
+  text, line = BROKEN_CONFIGS[kind]
+  path = tmp_path / 'mine.py'
+  if isinstance(text, bytes):
+    path.write_bytes(text)
+  else:
+    path.write_text(text)
+  with pytest.raises(UserError) as e:
+    cli.config_from_argv(['train.py', f'--config={path}:transformer'])
+  said = str(e.value)
+  assert said.startswith(f'cannot load config file {path}'), said
+  if line:
+    assert f'{path}, line {line}' in said, said
+  assert '\n' not in said and 'Traceback' not in said
+
+
+def test_train_with_a_broken_config_file_is_one_line_and_creates_nothing(
+  tmp_path,
+):
+  path = tmp_path / 'mine.py'
+  path.write_text('from configs.listops import *\n\ndef broken(:\n')
+  proc = subprocess.run(
+    [sys.executable, 'train.py', f'--config={path}:transformer,smoke',
+     f'--workdir={tmp_path / "run"}'],
+    cwd=ROOT, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr
+  (line,) = proc.stderr.strip().splitlines()
+  assert (
+    line.startswith('error: cannot load config file') and ', line 3' in line
+  )
+  assert not (tmp_path / 'run').exists()
+
+
+def test_the_packages_own_config_errors_keep_their_sentences():
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+  from lra.train import cli  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(UserError, match="^Unknown model 'nosuch'"):
+    cli.config_from_argv(['train.py', '--config=configs/listops.py:nosuch'])

@@ -208,6 +208,9 @@ def parse_flags(argv):
   except (flags.Error, KeyError, ValueError, AttributeError, TypeError) as e:
     print(f'error: {_sentence(e, argv)}', file=sys.stderr)
     sys.exit(2)
+  except UserError as e:  # a config file that does not load (its line)
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
 
 
 _PARSE_ERRORS = (

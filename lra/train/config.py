@@ -21,6 +21,7 @@ lra/train/options.py), then trusted.
 
 import importlib
 import os
+import traceback
 
 from absl import flags
 import ml_collections
@@ -63,12 +64,70 @@ def task_file(task: str) -> str:
   return os.path.join(configs_dir(), f'{task}.py')
 
 
+def _where(error: BaseException, path: str) -> tuple[str, int | None]:
+  """(file, line) where loading the config file `path` failed: a syntax
+  error's own place; else the innermost frame in a config file (`path`,
+  or a file beside it or in the configs package that it imports)."""
+  if isinstance(error, SyntaxError):
+    return error.filename or path, error.lineno
+  folders = {os.path.dirname(os.path.abspath(path)), configs_dir()}
+  place = (path, None)
+  for frame, line in traceback.walk_tb(error.__traceback__):
+    name = os.path.abspath(frame.f_code.co_filename)
+    if name == os.path.abspath(path) or os.path.dirname(name) in folders:
+      place = (frame.f_code.co_filename, line)
+  return place
+
+
+def load_error(error: BaseException, spec: str) -> UserError:
+  """The one sentence for a config file that raised `error` while it was
+  loaded (a syntax error, a name it misspells, anything it raises):
+  the file and line, the error, and what to do."""
+  path = resolve_spec(spec).split(':', 1)[0]
+  file, line = _where(error, path)
+  at = f'{file}, line {line}' if line else file
+  what = error.msg if isinstance(error, SyntaxError) else str(error)
+  what = (what.strip().splitlines() or [''])[0]
+  kind = type(error).__name__
+  return UserError(
+    f'cannot load config file {path}: {kind} at {at}'
+    + (f' ({what})' if what else '')
+    + '; fix the file or give another --config.'
+  )
+
+
+# The project's packages: an error raised in them about a config (an
+# unknown model or preset) is a sentence already.
+_PACKAGES = tuple(
+  os.path.join(os.path.dirname(configs_dir()), p) + os.sep
+  for p in ('configs', 'lra', 'models')
+)
+
+
 class _ConfigFileParser(config_file_flags.ConfigFileFlagParser):
   """config_flags' parser of a `<file>[:<arg>]` value, its file resolved
-  (`resolve`)."""
+  (`resolve`). A file that fails to load (a syntax error, anything it
+  raises) is one sentence naming the file and line; a missing file
+  (OSError) and the configs package's own errors (an unknown model or
+  preset) keep their sentences (lra/train/cli.py)."""
 
   def parse(self, path):
-    return super().parse(resolve_spec(path))
+    try:
+      return super().parse(resolve_spec(path))
+    except (OSError, UserError):
+      raise
+    except (ValueError, TypeError) as e:
+      # config_flags re-raises these with the traceback in the text; the
+      # configs package's own (an unknown model or preset) say what to
+      # do, a file of one's own that raises one gets its line named.
+      cause = e.__context__ or e
+      frames = list(traceback.walk_tb(cause.__traceback__))
+      inner = frames[-1][0].f_code.co_filename if frames else ''
+      if os.path.abspath(inner).startswith(_PACKAGES):
+        raise
+      raise load_error(cause, path) from None
+    except Exception as e:  # pylint: disable=broad-except
+      raise load_error(e, path) from None
 
 
 def define_config_flag(
