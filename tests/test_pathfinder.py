@@ -10,7 +10,8 @@ import release_fixtures as fx
 
 from configs import pathfinder as pathfinder_config
 from lra import data as tasks
-from lra.data import cache, pathfinder
+from lra.data import cache, pathfinder, pathfinder_stats
+from lra.data import pathfinder_draw as draw
 from lra.data import pathfinder_gen as gen
 from lra.errors import UserError
 from models.classifier import build_model
@@ -46,7 +47,7 @@ def test_resize_is_pillows_lanczos_exactly(size):
   img = rng.integers(0, 256, (3, n_in, n_in)).astype(np.uint8)
   img[0] = 0
   img[0, n_in // 2, 2:-2] = 255  # a line, as the paddle canvases
-  ours = gen.resize(img, n_out)
+  ours = draw.resize(img, n_out)
   for a, b in zip(img, ours):
     want = Image.fromarray(a).resize((n_out, n_out), Image.Resampling.LANCZOS)
     np.testing.assert_array_equal(b, np.asarray(want))
@@ -68,7 +69,7 @@ def test_one_snake_renders_as_the_original(hard_geometry):
   """One target snake alone, a copy of it as a distractor elsewhere: the
   paddles are antialiased, the image min-max rescaled, and the distractor
   (contrast 2) brighter than the target (paddle contrast 0.75 x 2)."""
-  p = gen.RESOLUTIONS[32]
+  p = draw.RESOLUTIONS[32]
   g = {k: v[:1].copy() for k, v in hard_geometry.items()}
   paddles = g['paddles'][0]
   target = paddles[(paddles[:, 4] > 0) & (paddles[:, 3] == p.target_contrast)]
@@ -79,8 +80,8 @@ def test_one_snake_renders_as_the_original(hard_geometry):
   decoy[:, 3] = p.distractor_contrast
   g['paddles'] = one[None]
   ends = np.full((1, 2, 2), -100)  # markers off the image
-  flt = gen.render(g, ends, 32, rescale=False)[0]
-  img = gen.render(g, ends, 32)[0]
+  flt = draw.render(g, ends, 32, rescale=False)[0]
+  img = draw.render(g, ends, 32)[0]
   assert img.min() == 0 and img.max() == 255
   # A 1-px line on the 2x canvas, downsampled: never the full contrast.
   assert 0 < flt.max() < p.target_contrast
@@ -88,13 +89,13 @@ def test_one_snake_renders_as_the_original(hard_geometry):
   assert len(middle) > 2 * np.sum(img == 255)  # antialiased
   # The same paddles as distractors: brighter by exactly 2 / 1.5.
   g['paddles'] = decoy[None]
-  flt2 = gen.render(g, ends, 32, rescale=False)[0]
+  flt2 = draw.render(g, ends, 32, rescale=False)[0]
   np.testing.assert_allclose(flt2.max() / flt.max(), 2 / 1.5, rtol=1e-6)
   both = one.copy()
   both[: HARD // 2, 3] = p.distractor_contrast
   g['paddles'] = both[None]
-  img = gen.render(g, ends, 32)[0]
-  first = gen.render({**g, 'paddles': both[None, : HARD // 2]}, ends, 32)[0]
+  img = draw.render(g, ends, 32)[0]
+  first = draw.render({**g, 'paddles': both[None, : HARD // 2]}, ends, 32)[0]
   assert img[first > 0].max() == 255  # the brightest ink is distractor ink
 
 
@@ -103,10 +104,10 @@ def test_labels_change_only_the_markers(hard_geometry):
   head of the other; before the min-max rescale nothing else changes."""
   geom = hard_geometry
   n = len(geom['origin'])
-  pos = gen.render(geom, gen.markers(geom, np.ones(n)), 32, rescale=False)
-  neg = gen.render(geom, gen.markers(geom, np.zeros(n)), 32, rescale=False)
+  pos = draw.render(geom, draw.markers(geom, np.ones(n)), 32, rescale=False)
+  neg = draw.render(geom, draw.markers(geom, np.zeros(n)), 32, rescale=False)
   yy, xx = np.mgrid[:32, :32]
-  near = gen.RESOLUTIONS[32].marker_radius + 3.5  # disc + Lanczos reach
+  near = draw.RESOLUTIONS[32].marker_radius + 3.5  # disc + Lanczos reach
   same = 0
   for i in range(n):
     heads = geom['heads'][i]
@@ -125,7 +126,7 @@ def test_labels_change_only_the_markers(hard_geometry):
 def test_first_paddles_keep_the_originals_angles():
   """The original's OpenCV dilation leaves only 30 of 360 start angles at
   32 px (up-left, -150..-121 degrees); every snake starts at one."""
-  t = gen.tables(32, 1)
+  t = draw.tables(32, 1)
   assert t.seed_ok.sum() == 30
   assert list(np.nonzero(t.seed_ok)[0] - 180) == list(range(-150, -120))
 
@@ -141,16 +142,16 @@ def test_distractor_snakes_are_dropped_as_the_originals(hard_geometry):
 
 
 def test_stats_are_reproducible_and_plausible():
-  a = pathfinder.generated_stats(32, 'easy', 64, seed=3)
-  b = pathfinder.generated_stats(32, 'easy', 64, seed=3)
+  a = pathfinder_stats.generated_stats(32, 'easy', 64, seed=3)
+  b = pathfinder_stats.generated_stats(32, 'easy', 64, seed=3)
   assert a == b
-  assert a != pathfinder.generated_stats(32, 'easy', 64, seed=4)
+  assert a != pathfinder_stats.generated_stats(32, 'easy', 64, seed=4)
   # The original's easy images (600, run here): ink > 0 0.231, > 128 0.052.
   assert 0.18 < a['ink fraction (> 0)'] < 0.29
   assert 0.035 < a['ink fraction (> 128)'] < 0.07
   assert a['markers detected within 1 px'] > 0.9
   assert 0 <= a['marker distance AUC (true)'] <= 1
-  text = pathfinder.format_stats({'generated': a})
+  text = pathfinder_stats.format_stats({'generated': a})
   assert 'ink fraction (> 0)' in text and '#' in text
 
 
@@ -332,7 +333,7 @@ def test_example_figure(tmp_path):
   # docs/pathfinder_examples.png is this figure, made by
   # `python -m lra.data.pathfinder --examples docs/pathfinder_examples.png`.
   path = str(tmp_path / 'examples.png')
-  pathfinder.save_examples(path)
+  pathfinder_stats.save_examples(path)
   with Image.open(path) as im:
     assert im.size[0] > 500 and im.size[1] > 200
 

@@ -8,7 +8,10 @@ This package holds the task data, apart from the training harness around it
   retrieval.py       AAN document matching (the LRA release's TSVs)
   image.py           grayscale CIFAR-10 (python tarball or TFDS files)
   pathfinder.py      Pathfinder and Path-X: generated, or the LRA release
-  pathfinder_gen.py  the Pathfinder image generator, vectorised over images
+  pathfinder_gen.py  the Pathfinder generator's snakes, vectorised over images
+  pathfinder_draw.py   their pixels: paddles, markers, per-resolution tables
+  pathfinder_release.py  the LRA release's Pathfinder files, read
+  pathfinder_stats.py  statistics and examples of generated images (--stats)
   mqar.py            multi-query associative recall (Zoology), generated,
                      with a label per position
   tfrecord.py        TFRecord files read without TensorFlow

@@ -48,6 +48,11 @@ release files (also when source='auto' found them): inputs uint8 [N,
 resolution**2], labels int32. The splits are written row by row into
 memory-mapped files, so Path-X (3.3 GB) never sits in memory.
 
+The images come from lra/data/pathfinder_gen.py (the snakes) and
+lra/data/pathfinder_draw.py (their pixels); lra/data/pathfinder_release.py
+reads the release files; --stats and --examples are
+lra/data/pathfinder_stats.py.
+
   python -m lra.data.prepare pathfinder                  # 32 px, hard, 200k
   python -m lra.data.pathfinder --examples docs/pathfinder_examples.png
   python -m lra.data.pathfinder --rate 32                # images/s of this CPU
@@ -69,10 +74,19 @@ import numpy as np
 import tqdm
 
 from lra.data import cache
+from lra.data import pathfinder_draw as draw
 from lra.data import pathfinder_gen as gen
+from lra.data import pathfinder_stats as stats
+from lra.data.pathfinder_release import (
+  RELEASE_FOLDERS,
+  read_png,
+  read_release_index,
+  release_dir,
+)
 from lra.errors import UserError
 
 log = logging.getLogger(__name__)
+
 
 OPTIONS = (
   'resolution',
@@ -87,13 +101,6 @@ OPTIONS = (
 )
 DOWNSAMPLE_MODES = ('max', 'mean')
 SOURCES = ('auto', 'generate', 'release')
-# The release's folder per difficulty (lra_benchmarks/data/pathfinder.py):
-# the 6-paddle set is the generator's baseline condition.
-RELEASE_FOLDERS = {
-  'easy': 'curv_baseline',
-  'intermediate': 'curv_contour_length_9',
-  'hard': 'curv_contour_length_14',
-}
 FULL_SIZE = 200_000
 # Shorthands for the presets' data (explicit options win).
 VARIANTS = {
@@ -128,10 +135,10 @@ def _options(options):
       raise UserError(
         f'Pathfinder option {key}={o[key]!r} is not a whole number; give one.'
       ) from None
-  if o['resolution'] not in gen.RESOLUTIONS:
+  if o['resolution'] not in draw.RESOLUTIONS:
     raise UserError(
       f'Pathfinder resolution {o["resolution"]} is not one of '
-      f'{", ".join(map(str, gen.RESOLUTIONS))}; set data.resolution to one.'
+      f'{", ".join(map(str, draw.RESOLUTIONS))}; set data.resolution to one.'
     )
   if o['downsample'] < 1 or o['resolution'] % o['downsample']:
     raise UserError(
@@ -365,96 +372,23 @@ def _prepare_generated(cache_dir, o, progress):
     source='generated',
     seed=seed,
     generator_version=gen.VERSION,
-    params=dataclasses.asdict(gen.RESOLUTIONS[res]),
+    params=dataclasses.asdict(draw.RESOLUTIONS[res]),
     images_per_second=round(o['num_examples'] / max(seconds, 1e-9), 1),
     counts=dict(zip(cache.SPLITS, sizes)),
     positives={s: int(x.sum()) for s, x in zip(cache.SPLITS, labels)},
   )
 
 
+def measure_rate(resolution, num, difficulty='hard', workers=0):
+  """Generated images per second on this machine."""
+  labels = np.arange(num) % 2
+  start = time.time()
+  for _ in generate(labels, resolution, difficulty, 0, workers, True):
+    pass
+  return num / (time.time() - start)
+
+
 # ---------------------------------------------------------------- release
-
-
-def release_dir(data_dir, resolution, difficulty):
-  """The release folder of these options, or None when it is absent."""
-  tasks = (
-    ('pathx', 'pathfinder') if resolution >= 128 else ('pathfinder', 'pathx')
-  )
-  sub = os.path.join(f'pathfinder{resolution}', RELEASE_FOLDERS[difficulty])
-  for t in tasks:
-    path = os.path.join(data_dir, t, 'release', sub)
-    if os.path.isdir(os.path.join(path, 'metadata')):
-      return path
-  return None
-
-
-def _metadata_rows(path):
-  """Yields (line number, fields) of one metadata file."""
-  with open(path, 'rb') as f:
-    magic = f.read(6)
-  if magic == b'\x93NUMPY':  # a real .npy of strings, as np.save made it
-    rows = np.load(path, allow_pickle=False)
-    for i, row in enumerate(np.atleast_2d(rows), 1):
-      yield i, [str(x) for x in row]
-    return
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for i, line in enumerate(f, 1):
-      if line.strip():
-        yield i, line.split()
-
-
-def read_release_index(root):
-  """[(image path, label, metadata file, line)] of a release folder."""
-  meta = os.path.join(root, 'metadata')
-  names = [n for n in os.listdir(meta) if n.endswith('.npy')]
-  names.sort(key=lambda n: (0, int(n[:-4])) if n[:-4].isdigit() else (1, n))
-  entries = []
-  for name in names:
-    path = os.path.join(meta, name)
-    for line_no, fields in _metadata_rows(path):
-      if len(fields) < 4:
-        raise UserError(
-          f'{path}, line {line_no}: expected "imgs/<k> sample_<i>.png '
-          '<index> <label> ...", got too few fields; fix or delete that line.'
-        )
-      if fields[3] not in ('0', '1'):
-        raise UserError(
-          f'{path}, line {line_no}: label {fields[3]!r} is not 0 or 1; fix '
-          'or delete that line.'
-        )
-      entries.append(
-        (
-          os.path.join(root, fields[0], fields[1]),
-          int(fields[3]),
-          path,
-          line_no,
-        )
-      )
-  if not entries:
-    raise UserError(
-      f'{meta} lists no images; extract the release archive again.'
-    )
-  return entries
-
-
-def _read_png(path, resolution, meta, line_no):
-  """Pixels uint8 [resolution**2], or None when the file is unreadable."""
-  from PIL import Image  # only the release path needs PIL
-
-  try:
-    with Image.open(path) as im:
-      im.load()
-      size = im.size
-      pixels = np.asarray(im.convert('L'), np.uint8)
-  except (OSError, ValueError, SyntaxError):
-    return None
-  if size != (resolution, resolution):
-    raise UserError(
-      f'{meta}, line {line_no}: {path} is {size[0]} x {size[1]}, not '
-      f'{resolution} x {resolution}; put pathfinder{resolution} files in '
-      f'the pathfinder{resolution} folder.'
-    )
-  return pixels.reshape(-1)
 
 
 def _prepare_release(cache_dir, root, o, progress):
@@ -479,7 +413,7 @@ def _prepare_release(cache_dir, root, o, progress):
       base, fill = writer.starts[k], 0
       for i in order[done : done + n]:
         path, label, meta, line_no = entries[i]
-        pixels = _read_png(path, res, meta, line_no)
+        pixels = read_png(path, res, meta, line_no)
         bar.update(1)
         if pixels is None:
           skipped += 1
@@ -560,196 +494,7 @@ def prepare(cache_dir, data_dir, options, progress):
   log.info('Pathfinder: %s in %.1f s.', info['counts'], info['seconds'])
 
 
-# ---------------------------------------------------------------- examples
-
-
-def save_examples(path, seed=0):
-  """A figure of 4 positive + 4 negative 32-px images and 2 at 128 px."""
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-
-  length = gen.CONTOUR_LENGTHS['hard']
-  small = gen.generate_chunk(
-    np.array([1, 1, 1, 1, 0, 0, 0, 0]), 32, length, seed, 0
-  )
-  large = gen.generate_chunk(np.array([1, 0]), 128, length, seed, 0)
-  fig, axes = plt.subplots(2, 5, figsize=(12.5, 6.0))
-  for row in range(2):
-    label = 1 - row
-    cells = [(small[4 * row + i], 32) for i in range(4)]
-    cells.append((large[row], 128))
-    for ax, (img, res) in zip(axes[row], cells):
-      ax.imshow(
-        img.reshape(res, res),
-        cmap='gray',
-        vmin=0,
-        vmax=255,
-        interpolation='nearest',
-      )
-      what = 'connected' if label else 'not connected'
-      ax.set_title(f'{res} px, label {label} ({what})', fontsize=9)
-      ax.set_xticks([])
-      ax.set_yticks([])
-  fig.suptitle('Generated Pathfinder (hard, 14 paddles per target snake)')
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-
-
-def measure_rate(resolution, num, difficulty='hard', workers=0):
-  """Generated images per second on this machine."""
-  labels = np.arange(num) % 2
-  start = time.time()
-  for _ in generate(labels, resolution, difficulty, 0, workers, True):
-    pass
-  return num / (time.time() - start)
-
-
-# ---------------------------------------------------------------- statistics
-
-HIST_BINS = 8  # histogram of nonzero intensities: bins of 32 gray levels
-
-
-def detect_markers(images):
-  """[n, 2, 2] (row, column): the two brightest 3 x 3 blobs of each image
-  [n, res, res] (a marker is a disc, a paddle a thin line); the second at
-  least 3 px from the first."""
-  x = images.astype(np.int32)
-  n, res = x.shape[0], x.shape[1]
-  pad = np.pad(x, ((0, 0), (1, 1), (1, 1)))
-  box = sum(
-    pad[:, i : i + res, j : j + res] for i in range(3) for j in range(3)
-  )
-  out = np.zeros((n, 2, 2), np.int64)
-  yy, xx = np.mgrid[:res, :res]
-  for k in range(2):
-    flat = box.reshape(n, -1).argmax(1)
-    out[:, k] = np.stack([flat // res, flat % res], 1)
-    near = (np.abs(yy - out[:, k, 0, None, None]) < 3) & (
-      np.abs(xx - out[:, k, 1, None, None]) < 3
-    )
-    box = np.where(near, -1, box)
-  return out
-
-
-def distance_auc(ends, labels):
-  """AUC of -(distance between the two markers) for label 1: 0.5 = the
-  distance tells nothing; 1 = connected markers are always closer."""
-  d = np.hypot(*(ends[:, 0] - ends[:, 1]).T.astype(np.float64))
-  pos, neg = d[labels == 1], d[labels == 0]
-  if not len(pos) or not len(neg):
-    return float('nan')
-  less = (pos[:, None] < neg[None, :]).mean()
-  ties = (pos[:, None] == neg[None, :]).mean()
-  return float(less + ties / 2)
-
-
-def image_stats(images, labels, ends=None, distractors=None):
-  """Statistics of uint8 images [n, res, res] (dict of name -> value)."""
-  from scipy import ndimage  # a jax dependency; only --stats needs it
-
-  x = np.asarray(images)
-  labels = np.asarray(labels)
-  nonzero = x[x > 0]
-  hist = np.histogram(nonzero, HIST_BINS, (0, 256))[0] / max(len(nonzero), 1)
-  eight = np.ones((3, 3))
-  parts = {
-    t: np.mean([ndimage.label(img > t, eight)[1] for img in x])
-    for t in (0, 128)
-  }
-  found = detect_markers(x)
-  out = {
-    'images': len(x),
-    'ink fraction (> 0)': float((x > 0).mean()),
-    'ink fraction (> 128)': float((x > 128).mean()),
-    'mean intensity': float(x.mean()),
-    'std intensity': float(x.std()),
-    'ink components (> 0)': float(parts[0]),
-    'ink components (> 128)': float(parts[128]),
-    'marker distance AUC (detected)': distance_auc(found, labels),
-  }
-  if ends is not None:
-    out['marker distance AUC (true)'] = distance_auc(ends, labels)
-    hit = (np.abs(np.sort(found, 1) - np.sort(ends, 1)) <= 1).all((1, 2))
-    out['markers detected within 1 px'] = float(hit.mean())
-  if distractors is not None:
-    out['distractor snakes placed'] = float(np.mean(distractors))
-    counts = np.bincount(distractors, minlength=1) / len(distractors)
-    out['distractor snakes placed: 0/1/2/3+'] = '/'.join(
-      f'{v:.2f}' for v in list(counts[:3]) + [counts[3:].sum()]
-    )
-  for b in range(HIST_BINS):
-    out[f'nonzero in {32 * b:3d}-{32 * b + 31:3d}'] = float(hist[b])
-  return out
-
-
-def generated_stats(resolution, difficulty, num, seed=0):
-  """image_stats of `num` generated images (labels alternate)."""
-  length = gen.CONTOUR_LENGTHS[difficulty]
-  labels = np.arange(num) % 2
-  geom = gen.chunk_geometry(num, resolution, length, seed, 0)
-  ends = gen.markers(geom, labels)
-  images = gen.render(geom, ends, resolution)
-  return image_stats(images, labels, ends, geom['distractors'])
-
-
-def release_stats(root, resolution, num, seed=0):
-  """image_stats of `num` release images drawn with the seed."""
-  entries = read_release_index(root)
-  order = np.random.default_rng(seed).permutation(len(entries))[:num]
-  images, labels = [], []
-  for i in order:
-    path, label, meta, line_no = entries[i]
-    pixels = _read_png(path, resolution, meta, line_no)
-    if pixels is not None:
-      images.append(pixels.reshape(resolution, resolution))
-      labels.append(label)
-  if not images:
-    raise UserError(f'No readable image under {root}; extract it again.')
-  return image_stats(np.stack(images), np.asarray(labels))
-
-
-def format_stats(columns):
-  """Text table of {column name: image_stats dict}, with text bars for the
-  histogram."""
-  names = list(columns)
-  keys = []
-  for c in columns.values():
-    keys += [k for k in c if k not in keys]
-  width = max(len(k) for k in keys) + 2
-  lines = [' ' * width + ''.join(f'{n:>22}' for n in names)]
-  for k in keys:
-    cells = []
-    for n in names:
-      v = columns[n].get(k, '-')
-      if isinstance(v, float) and k.startswith('nonzero'):
-        v = f'{v:5.3f} ' + '#' * int(round(v * 40))
-        cells.append(f'  {v:<20}')
-      elif isinstance(v, float):
-        cells.append(f'{v:>22.4g}')
-      else:
-        cells.append(f'{v!s:>22}')
-    lines.append(f'{k:<{width}}' + ''.join(cells))
-  return '\n'.join(lines)
-
-
-def stats_report(resolution, difficulty, num, seed=0, data_dir=None):
-  """The --stats text: generated images, and the release's when present."""
-  columns = {'generated': generated_stats(resolution, difficulty, num, seed)}
-  root = data_dir and release_dir(data_dir, resolution, difficulty)
-  if root:
-    columns['release'] = release_stats(root, resolution, num, seed)
-  title = (
-    f'Pathfinder {resolution} px, {difficulty} '
-    f'({gen.CONTOUR_LENGTHS[difficulty]} paddles per target), seed {seed}'
-  )
-  where = root or (
-    f'no release folder under {data_dir}' if data_dir else 'no data dir'
-  )
-  return f'{title}; release: {where}\n{format_stats(columns)}'
+# ---------------------------------------------------------------- command line
 
 
 def main(argv=None):
@@ -784,7 +529,7 @@ def main(argv=None):
       dict(resolution=args.resolution, difficulty=args.difficulty, seed=0)
     )
     if args.examples:
-      save_examples(args.examples)
+      stats.save_examples(args.examples)
       print(f'wrote {args.examples}')
     if args.rate:
       num = args.num or 8192
@@ -800,7 +545,7 @@ def main(argv=None):
 
       data_dir = args.data_dir or tasks.default_data_dir()
       print(
-        stats_report(
+        stats.stats_report(
           o['resolution'],
           o['difficulty'],
           args.num or 2000,
