@@ -207,6 +207,24 @@ def test_restore_machine_and_carried(tmp_path):
   assert queue_archive.remaining_seconds(carry, record, q.workdir(carry)) == 20
 
 
+def test_second_call_adopts_the_machines_copy(tmp_path):
+  """A tree sent with the archive from before this machine's first call
+  gets the copy the machine kept (more calls); an older copy is ignored."""
+  archive, work = str(tmp_path / 'a'), str(tmp_path / 'w')
+  os.makedirs(archive)
+  with open(os.path.join(archive, 'queue.json'), 'w') as f:
+    json.dump({'queue': 'reference', 'calls': [{}]}, f)
+  queue_archive.keep_mirror(archive, work)
+  assert not queue_archive.adopt_newer(archive, work)  # the same: kept
+  with open(os.path.join(work, '_archive', 'queue.json'), 'w') as f:
+    json.dump({'queue': 'reference', 'calls': [{}, {}]}, f)
+  assert queue_archive.adopt_newer(archive, work)
+  assert json.load(open(os.path.join(archive, 'queue.json')))['calls'] == [
+    {},
+    {},
+  ]
+
+
 def test_cli_list_and_budget(tmp_path, capsys):
   archive = str(tmp_path / 'a')
   queue.main(['--tiny', '--list', '--archive', archive])

@@ -19,6 +19,9 @@ STATE = 'queue.json'
 # A run's files the archive keeps (what the report and eval.py read).
 RUN_FILES = ('config.json', 'metrics.jsonl', 'results.json')
 SPEED_FILES = ('benchmark.json', 'benchmark.md')
+# A checkpoint travels when it is under CARRY_LIMIT_BYTES and the archive
+# with it under CARRY_TOTAL_BYTES (the tarball must stay under 16 MiB, and
+# each lease's checkpoints are committed).
 CARRY_LIMIT_BYTES = 4 << 20
 CARRY_TOTAL_BYTES = 12 << 20
 TARBALL_LIMIT_BYTES = 16 << 20
@@ -258,3 +261,34 @@ def write_tarball(archive: str, path: str) -> int:
   with tarfile.open(path, 'w:gz') as tar:
     tar.add(archive, arcname=os.path.basename(os.path.normpath(archive)))
   return os.path.getsize(path)
+
+
+# The work folder's copy of the archive, kept on the machine between calls.
+MIRROR = '_archive'
+
+
+def _calls(folder: str) -> int:
+  try:
+    with open(os.path.join(folder, STATE)) as f:
+      return len(json.load(f).get('calls', []))
+  except (OSError, ValueError, AttributeError):
+    return -1
+
+
+def adopt_newer(archive: str, work: str) -> bool:
+  """Replaces `archive` by the work folder's copy when that copy has more
+  calls (a second call on the same machine, sent a tree whose archive
+  predates the first call's tarball); returns whether it did."""
+  mirror = os.path.join(work, MIRROR)
+  if _calls(mirror) <= _calls(archive):
+    return False
+  shutil.rmtree(archive, ignore_errors=True)
+  shutil.copytree(mirror, archive)
+  return True
+
+
+def keep_mirror(archive: str, work: str) -> None:
+  """Copies `archive` to the work folder (for adopt_newer)."""
+  mirror = os.path.join(work, MIRROR)
+  shutil.rmtree(mirror, ignore_errors=True)
+  shutil.copytree(archive, mirror)

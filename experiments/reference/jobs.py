@@ -10,14 +10,15 @@
    4 layers of 512, 2,000 tokens, batch 32) in bfloat16, the transformer
    row first (transformer_fused: cuDNN), then the paper's other rows, then
    the state-space and recall-era mixers (s5 with its paper's recipe,
-   configs/s5_reference.py, which the config applies by name). The GPU to
-   itself; its checkpoint (about 100 MB with Adam's moments) is too big to
-   carry, so a stopped run resumes only on the same machine (the second
-   call of a lease), else it starts again.
+   configs/s5_reference.py, which the config applies by name, in float32).
+   The GPU to itself; its checkpoint (about 200 MB with Adam's moments) is
+   too big to carry, so a stopped run resumes only on the same machine
+   (the second call of a lease), else it starts again.
 3. pathfinder/<model>: Pathfinder-32 at the reference configuration (62,400
-   steps of batch 512), the transformer row first; under 100k parameters,
-   so its checkpoint is carried in the archive and a run continues lease
-   after lease, one per task at a time, beside the other sharing jobs.
+   steps of batch 512), the transformer row first. The rows with under
+   about 150k parameters (PATHFINDER_CARRIED) carry their checkpoint in
+   the archive and continue lease after lease, one per task at a time,
+   beside the other sharing jobs; the others wait for a lease long enough.
 4. mqar/w<width>_lr<rate>/<model>: MQAR at Zoology's protocol
    (configs/mqar.py `zoology` preset: the mixer alone in each block, no
    shared short_conv for mixers, 4 pairs at length 64) with a 20,000-step
@@ -96,6 +97,22 @@ MIXER_ROWS = (
   'deltanet',
   'based',
   's5',
+)
+# Rows whose config applies an author's recipe (configs/models.py
+# PAPER_RECIPES): run as the recipe says (float32).
+RECIPES = ('s5',)
+# Pathfinder rows whose checkpoint (latest and best, with Adam's moments:
+# about 24 bytes per parameter) is small enough to carry, under 4 MiB:
+# 46k-150k parameters; linformer (570k), performer and linear_transformer
+# (247k), synthesizer (8.5M) and s5's recipe (1.4M) are not.
+PATHFINDER_CARRIED = (
+  'transformer',
+  'local',
+  'sparse_transformer',
+  'longformer',
+  'reformer',
+  'sinkhorn',
+  'bigbird',
 )
 MQAR_MODELS = (
   'transformer',
@@ -240,19 +257,17 @@ def _train(
 
 
 def listops_jobs(tiny: bool) -> list[Job]:
+  """ListOps at the reference configuration, one job per row. The GPU to
+  itself; resumed on the same machine only (MACHINE: 4 layers of 512 keep
+  about 200 MB of checkpoints with Adam's moments, s5's recipe about 8)."""
+  rows = ('transformer', 'local') if tiny else ('transformer', *PAPER_ROWS)
+  rows += () if tiny else MIXER_ROWS
   jobs = []
-  rows = (
-    ('transformer', 'local', 's5')
-    if tiny
-    else (
-      'transformer',
-      *PAPER_ROWS,
-      *MIXER_ROWS,
-    )
-  )
   for row in rows:
     model = 'transformer_fused' if row == 'transformer' else row
-    recipe = row == 's5'  # small (8 x 128), 76,800 steps: spans leases
+    # bfloat16 on the accelerator, except where an author's recipe
+    # (configs/s5_reference.py, float32) is applied.
+    bf16 = not tiny and row not in RECIPES
     jobs.append(
       _train(
         f'listops/{row}',
@@ -260,12 +275,11 @@ def listops_jobs(tiny: bool) -> list[Job]:
         model,
         row,
         'smoke' if tiny else '',
-        () if tiny else ('--config.dtype=bfloat16',),
+        ('--config.dtype=bfloat16',) if bf16 else (),
         20 if tiny else LISTOPS_SLOW.get(row, LISTOPS_SECONDS),
         tiny=tiny,
-        shares=recipe,
-        resume=CARRY if recipe else MACHINE,
-        spans=recipe,
+        shares=False,
+        resume=MACHINE,
         prepare=_prepare('listops', '--variant=smoke')
         if tiny
         else _prepare('listops'),
@@ -275,21 +289,25 @@ def listops_jobs(tiny: bool) -> list[Job]:
 
 
 def pathfinder_jobs(tiny: bool) -> list[Job]:
+  """Pathfinder-32 at the reference configuration, one job per row: those
+  whose checkpoint travels (PATHFINDER_CARRIED) span leases, one at a
+  time; the others (MACHINE) wait for a lease long enough."""
+  rows = ('transformer', 'local') if tiny else ('transformer', *PAPER_ROWS)
+  rows += () if tiny else ('s5',)
   jobs = []
-  rows = (
-    ('transformer', 'local') if tiny else ('transformer', *PAPER_ROWS, 's5')
-  )
   for row in rows:
     model = 'transformer_fused' if row == 'transformer' else row
-    overrides = (
-      ('--config.num_train_steps=40', '--config.checkpoint_every_steps=10')
-      if tiny
-      else (
-        '--config.dtype=bfloat16',
-        # A save every 2 evaluations, so a lease loses little if killed.
-        '--config.checkpoint_every_steps=624',
+    carried = tiny or row in PATHFINDER_CARRIED
+    if tiny:
+      overrides = (
+        '--config.num_train_steps=40',
+        '--config.checkpoint_every_steps=10',
       )
-    )
+    else:
+      # A save every 2 evaluations, so a lease loses little if killed.
+      overrides = ('--config.checkpoint_every_steps=624',)
+      if row not in RECIPES:
+        overrides = ('--config.dtype=bfloat16', *overrides)
     jobs.append(
       _train(
         f'pathfinder/{row}',
@@ -301,8 +319,8 @@ def pathfinder_jobs(tiny: bool) -> list[Job]:
         20 if tiny else PATHFINDER_SLOW.get(row, PATHFINDER_SECONDS),
         tiny=tiny,
         shares=True,
-        resume=CARRY,
-        spans=True,
+        resume=CARRY if carried else MACHINE,
+        spans=carried,
         prepare=() if tiny else _prepare('pathfinder'),
       )
     )

@@ -37,6 +37,11 @@ checkpoint continues from it, one whose checkpoint stayed on the machine
 call on the same machine) and starts again elsewhere, and a RERUN job (a
 speed length) is measured again whole.
 
+The work folder also keeps a copy of the archive (WORK/_archive): a second
+call on the same machine whose tree still carries the archive from before
+the first call (its tarball not yet unpacked) takes that newer copy, so no
+job is run twice.
+
 A job starts only when its remaining expected seconds fit: the time left in
 this call for RERUN, in the lease (--lease: this call and later calls on the
 same machine) for MACHINE and CARRY, and always for a spanning job (it
@@ -59,8 +64,10 @@ from experiments.reference import jobs as queue_jobs
 from experiments.reference.archive import (
   TARBALL_LIMIT_BYTES,
   State,
+  adopt_newer,
   archive_run,
   error_line,
+  keep_mirror,
   latest_step,
   log_tail,
   num_steps,
@@ -209,6 +216,16 @@ class Queue:
     )
 
   # --- the call
+  def _fits(self, job: Job, left: float, min_span: float):
+    """(whether the job may start with `left` seconds, its expected
+    seconds): a spanning job needs only a useful stretch, the rest must
+    finish."""
+    record = self.state.jobs[job.name]
+    need = remaining_seconds(job, record, self.workdir(job))
+    # One whose checkpoint did not travel restarts every lease: it must fit.
+    spans = job.spans and not str(record.get('checkpoint')).startswith('not')
+    return (left >= min_span if spans else need <= left), need
+
   def todo(self, retry_failed: bool) -> list[Job]:
     out = []
     for job in self.jobs:
@@ -223,7 +240,7 @@ class Queue:
     budget: float,
     lease: float | None = None,
     *,
-    tail: float = 45,
+    tail: float = 30,
     slots: int = 8,
     retry_failed: bool = False,
     poll: float = 1.0,
@@ -248,7 +265,10 @@ class Queue:
     }
     self.state.calls.append(call)
     todo = self.todo(retry_failed)
-    preparing = self._prepares(todo)
+    # Data for the jobs that may run in this lease, from the start.
+    preparing = self._prepares(
+      [j for j in todo if self._fits(j, lease_end - t0, min_span)[0]]
+    )
     running: dict[str, Running] = {}
     started = set()
     base_env = dict(os.environ)
@@ -264,12 +284,9 @@ class Queue:
       for job in todo:
         if job.name in started:
           continue
-        record = self.state.jobs[job.name]
-        need = remaining_seconds(job, record, self.workdir(job))
         left = (stop_at if job.resume == RERUN else lease_end) - now
-        # A spanning job needs only a useful stretch; the rest must fit.
-        too_late = left < min_span if job.spans else need > left
-        if too_late:
+        fits, need = self._fits(job, left, min_span)
+        if not fits:
           call['skipped'][job.name] = (
             f'needs about {need:.0f} s, {max(left, 0):.0f} s left'
           )
@@ -312,6 +329,11 @@ class Queue:
       time.sleep(poll)
     self._stop(running, preparing, kill_at)
     call['seconds'] = round(time.monotonic() - t0, 1)
+    # Kept short: how many waited for a longer call, and the first of them.
+    skipped = call.pop('skipped')
+    call['skipped'] = len(skipped)
+    if skipped:
+      call['first_skipped'] = '{}: {}'.format(*next(iter(skipped.items())))
     self.state.save()
     return call
 
@@ -396,12 +418,14 @@ def run_queue(
 ) -> dict:
   """One call: runs the jobs that fit `budget` seconds, archives them,
   writes the tarball; returns the call's record (queue.json `calls`)."""
+  if adopt_newer(archive, work):
+    say(f'{archive}: replaced by the newer copy this machine kept')
   queue = Queue(jobs, archive, work, name, say=say)
   queue.state.save()
   call = queue.run(budget, **kwargs)
+  keep_mirror(archive, work)
   if tarball:
     size = write_tarball(archive, tarball)
-    call['tarball_bytes'] = size
     say(f'wrote {tarball} ({size / 2**20:.2f} MiB)')
     if size > TARBALL_LIMIT_BYTES:
       say(
@@ -468,7 +492,7 @@ def main(argv=None) -> None:
     if args.list:
       print(plan_table(jobs, archive, args.work, name))
       return
-    tail = args.tail if args.tail is not None else (10 if args.tiny else 45)
+    tail = args.tail if args.tail is not None else (10 if args.tiny else 30)
     slots = args.slots or (2 if args.tiny else 8)
     if args.budget is None:
       raise UserError('give --budget SECONDS (the seconds of this call).')
