@@ -215,10 +215,11 @@ def test_second_call_adopts_the_machines_copy(tmp_path):
   with open(os.path.join(archive, 'queue.json'), 'w') as f:
     json.dump({'queue': 'reference', 'calls': [{}]}, f)
   queue_archive.keep_mirror(archive, work)
-  assert not queue_archive.adopt_newer(archive, work)  # the same: kept
+  assert not queue_archive.adopt_newer(archive, work, 'reference')  # same
   with open(os.path.join(work, '_archive', 'queue.json'), 'w') as f:
     json.dump({'queue': 'reference', 'calls': [{}, {}]}, f)
-  assert queue_archive.adopt_newer(archive, work)
+  assert not queue_archive.adopt_newer(archive, work, 'tiny')  # another
+  assert queue_archive.adopt_newer(archive, work, 'reference')
   assert json.load(open(os.path.join(archive, 'queue.json')))['calls'] == [
     {},
     {},

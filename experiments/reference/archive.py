@@ -267,20 +267,26 @@ def write_tarball(archive: str, path: str) -> int:
 MIRROR = '_archive'
 
 
-def _calls(folder: str) -> int:
+def _calls(folder: str, name: str | None = None) -> int:
+  """How many calls `folder`'s queue.json records (-1: none, or another
+  queue than `name`)."""
   try:
     with open(os.path.join(folder, STATE)) as f:
-      return len(json.load(f).get('calls', []))
+      data = json.load(f)
+    if name is not None and data.get('queue') != name:
+      return -1
+    return len(data.get('calls', []))
   except (OSError, ValueError, AttributeError):
     return -1
 
 
-def adopt_newer(archive: str, work: str) -> bool:
-  """Replaces `archive` by the work folder's copy when that copy has more
-  calls (a second call on the same machine, sent a tree whose archive
-  predates the first call's tarball); returns whether it did."""
+def adopt_newer(archive: str, work: str, name: str) -> bool:
+  """Replaces `archive` by the work folder's copy of the `name` queue when
+  that copy has more calls (a second call on the same machine, sent a tree
+  whose archive predates the first call's tarball); returns whether it
+  did."""
   mirror = os.path.join(work, MIRROR)
-  if _calls(mirror) <= _calls(archive):
+  if _calls(mirror, name) <= _calls(archive):
     return False
   shutil.rmtree(archive, ignore_errors=True)
   shutil.copytree(mirror, archive)

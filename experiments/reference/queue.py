@@ -418,7 +418,7 @@ def run_queue(
 ) -> dict:
   """One call: runs the jobs that fit `budget` seconds, archives them,
   writes the tarball; returns the call's record (queue.json `calls`)."""
-  if adopt_newer(archive, work):
+  if adopt_newer(archive, work, name):
     say(f'{archive}: replaced by the newer copy this machine kept')
   queue = Queue(jobs, archive, work, name, say=say)
   queue.state.save()
@@ -471,7 +471,10 @@ def parse_args(argv):
     'a job whose checkpoint stays on the machine starts when it fits this',
   )
   p.add_argument('--archive', default=None, help=f'default {ARCHIVE}')
-  p.add_argument('--work', default=WORK, help='work folder (not committed)')
+  p.add_argument(
+    '--work',
+    help=f'work folder, not committed (default {WORK}; --tiny: {WORK}_tiny)',
+  )
   p.add_argument('--tarball', help='also write the archive as this .tgz')
   p.add_argument('--tail', type=float, help='seconds kept after the deadline')
   p.add_argument('--slots', type=int, help='sharing jobs side by side')
@@ -485,12 +488,13 @@ def main(argv=None) -> None:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   try:
     jobs = queue_jobs.queue_jobs(tiny=args.tiny)
+    work = args.work or (WORK + '_tiny' if args.tiny else WORK)
     archive = args.archive or (
-      os.path.join(WORK, 'tiny_archive') if args.tiny else ARCHIVE
+      os.path.join(work, 'archive') if args.tiny else ARCHIVE
     )
     name = 'tiny' if args.tiny else 'reference'
     if args.list:
-      print(plan_table(jobs, archive, args.work, name))
+      print(plan_table(jobs, archive, work, name))
       return
     tail = args.tail if args.tail is not None else (10 if args.tiny else 30)
     slots = args.slots or (2 if args.tiny else 8)
@@ -507,7 +511,7 @@ def main(argv=None) -> None:
       jobs,
       archive,
       args.budget,
-      work=args.work,
+      work=work,
       name=name,
       tarball=args.tarball,
       lease=args.lease,
