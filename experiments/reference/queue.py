@@ -1,10 +1,13 @@
 r"""The reference-scale queue: LRA's tables at the paper's scale, one
 accelerator lease at a time (issue 48).
 
-  python -m experiments.reference.queue --budget 540 [--lease 660] \
+  python -m experiments.reference.queue --budget 540 [--lease 710] \
       [--archive experiments/reference/archive] [--tarball $OUT/archive.tgz]
   python -m experiments.reference.queue --list   # jobs, seconds, status
-  python -m experiments.reference.queue --tiny --budget 120 --archive /tmp/a
+  python -m experiments.reference.queue --tiny --budget 300   # on a CPU
+
+experiments/reference/lease.sh is the command of a lease (wheels, checks,
+this); experiments/reference/README.md the steps around it.
 
 Runs the next jobs of experiments/reference/jobs.py that fit the budget,
 each in its own process (train.py or benchmark.py), in the queue's order:
@@ -44,10 +47,10 @@ job is run twice.
 
 A job starts only when its remaining expected seconds fit: the time left in
 this call for RERUN, in the lease (--lease: this call and later calls on the
-same machine) for MACHINE and CARRY, and always for a spanning job (it
-continues in the next lease). Remaining seconds come from the job's own
-earlier attempts when it has any (their measured rate), else from its
-expected seconds.
+same machine) for MACHINE and CARRY, and for a spanning job whenever
+MIN_SPAN_S are left (it continues in the next lease). Remaining seconds
+come from the job's own earlier attempts when it has any (their measured
+rate), else from its expected seconds.
 """
 
 from __future__ import annotations
