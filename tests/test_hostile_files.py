@@ -7,6 +7,7 @@ the test runs as root: a write that raises EROFS (monkeypatched), the
 error a read-only mount gives.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -260,3 +261,105 @@ def test_without_a_compiler_auto_falls_back_in_one_line_native_refuses(
     assert 'scan_kernel=native cannot run' in lines[-1]
     assert 'the XLA scan is used' not in proc.stderr
   assert not list(tmp_path.glob('*.so*'))
+
+
+# ------------------------------------------- read-only runs, load_run
+@contextlib.contextmanager
+def read_only(folder):
+  """`folder` made read-only for the block: chmod for a user; for root
+  (who writes through any mode) a read-only bind mount of it, or a skip
+  where mounting is not allowed."""
+  folder = str(folder)
+  if os.geteuid() != 0:
+    modes = {}
+    for d, _, files in os.walk(folder):
+      for p in [d, *(os.path.join(d, f) for f in files)]:
+        modes[p] = os.stat(p).st_mode
+        os.chmod(p, modes[p] & ~0o222)
+    try:
+      yield folder
+    finally:
+      for p, mode in modes.items():
+        os.chmod(p, mode)
+    return
+  mount = ['mount', '--bind', folder, folder]
+  if subprocess.run(mount, capture_output=True).returncode:
+    pytest.skip('root without mount: read-only cannot be simulated')
+  try:
+    ro = ['mount', '-o', 'remount,bind,ro', folder]
+    if subprocess.run(ro, capture_output=True).returncode:
+      pytest.skip('root without a read-only remount')
+    yield folder
+  finally:
+    subprocess.run(['umount', folder], capture_output=True)
+
+
+def test_load_run_of_a_read_only_run_writes_nothing(tmp_path, smoke_run):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from lra import load_run  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(smoke_run, workdir)
+  before = tree(workdir)
+  with read_only(workdir):
+    with pytest.raises(OSError):
+      (workdir / 'probe').write_text('x')
+    run = load_run(str(workdir))
+    logits = run.predict(np.array([[3, 4, 5, 6]]))
+    assert logits.shape == (1, run.task.num_classes)
+    assert np.isfinite(logits).all()
+  assert tree(workdir) == before
+
+
+def test_load_run_without_checkpoints_creates_none(tmp_path, smoke_run):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from lra import load_run  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(smoke_run, workdir)
+  shutil.rmtree(workdir / 'checkpoints')
+  with pytest.raises(UserError, match='has no best checkpoint'):
+    load_run(str(workdir))
+  assert not (workdir / 'checkpoints').exists()
+
+
+@pytest.fixture(scope='module')
+def loaded(smoke_run):
+  from lra import load_run  # pylint: disable=g-import-not-at-top
+
+  return load_run(smoke_run)
+
+
+@pytest.mark.parametrize(
+  'ids, says',
+  [
+    ([[3, 4, 200, 5]], 'token id 200 at [0, 2], outside the vocabulary'),
+    ([[3, -1, 5]], 'token id -1 at [0, 1], outside the vocabulary'),
+    ([[3, 4], [5, 70000]], 'token id 70000 at [1, 1]'),
+    ([3, 4, 5], 'shape [batch, length], got shape (3,); add a batch axis'),
+    ([[[3, 4]]], 'got shape (1, 1, 2)'),
+    ([[1.5, 2.0]], 'integer token ids, got dtype float64'),
+    ([[1, 2], [3]], 'an array it cannot read'),
+    ([[]], 'empty batch'),
+    ([[3] * 100000], 'longer than the run'),
+  ],
+)
+def test_predict_refuses_ids_it_cannot_embed_in_one_sentence(loaded, ids, says):
+  with pytest.raises(UserError) as e:
+    loaded.predict(ids)
+  assert says in str(e.value), str(e.value)
+  if 'vocabulary' in says:
+    vocab = loaded.task.vocab_size
+    assert f'[0, {vocab})' in str(e.value)
+
+
+def test_predict_takes_every_id_of_the_vocabulary(loaded):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  vocab = loaded.task.vocab_size
+  ids = np.arange(vocab, dtype=np.int16)[None]
+  assert np.isfinite(loaded.predict(ids)).all()

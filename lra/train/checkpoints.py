@@ -173,18 +173,32 @@ class Checkpoints:
   it to <step> only once complete, so a save cut short (kill -9, full disk)
   never becomes the newest readable checkpoint: the previous one stays."""
 
-  def __init__(self, workdir, keep=2):
+  def __init__(self, workdir, keep=2, read_only=False):
+    """read_only: open the saves for restoring only (load_run, eval.py):
+    nothing is created or deleted, so a run on a read-only folder (an
+    archive, a mount) opens, and one without checkpoints/ gets none."""
     self.root = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     self.pending = None  # (which, step) of a save still being written
+    self.read_only = read_only
     opts = lambda n: ocp.CheckpointManagerOptions(  # noqa: E731
-      max_to_keep=n, create=True, enable_async_checkpointing=True
+      max_to_keep=n,
+      create=not read_only,
+      read_only=read_only,
+      enable_async_checkpointing=not read_only,
     )
-    self.latest = ocp.CheckpointManager(
-      os.path.join(self.root, 'latest'), options=opts(keep)
-    )
-    self.best = ocp.CheckpointManager(
-      os.path.join(self.root, 'best'), options=opts(1)
-    )
+    logger = logging.getLogger('absl')  # orbax warns of read_only itself
+    level = logger.level
+    if read_only:
+      logger.setLevel(logging.ERROR)
+    try:
+      self.latest = ocp.CheckpointManager(
+        os.path.join(self.root, 'latest'), options=opts(keep)
+      )
+      self.best = ocp.CheckpointManager(
+        os.path.join(self.root, 'best'), options=opts(1)
+      )
+    finally:
+      logger.setLevel(level)
 
   def _manager(self, which):
     return {'latest': self.latest, 'best': self.best}[which]

@@ -52,15 +52,13 @@ class Run:
 
   def predict(self, inputs) -> np.ndarray:
     """Logits of the model on a batch of token ids (int [B, L], padded with
-    the task's pad id 0), as numpy. Deterministic (no dropout)."""
-    inputs = jnp.asarray(inputs)
-    if inputs.ndim != 2:
-      raise UserError(
-        f'predict takes token ids of shape [batch, length], got shape '
-        f'{tuple(inputs.shape)}; add a batch axis (inputs[None]).'
-      )
+    the task's pad id 0; [B, 2, L] for a task of two documents), as numpy.
+    Deterministic (no dropout). Ids outside the vocabulary, a float array,
+    another shape or a length past the run's max_length are one sentence
+    (an embedding lookup would give NaN or wrap around silently)."""
+    inputs = _checked_ids(inputs, self.config, self.task)
     graphdef, state = nnx.split(self.model)
-    return np.asarray(_forward(graphdef, state, inputs))
+    return np.asarray(_forward(graphdef, state, jnp.asarray(inputs)))
 
   def evaluate(self, split: str = 'test', progress: bool = False) -> dict:
     """Exact metrics of the model on a whole split of its task's data
@@ -102,6 +100,55 @@ class Run:
     )
 
 
+def _checked_ids(inputs, config, task) -> np.ndarray:
+  """`inputs` as an int32 array of token ids that `task`'s model under
+  `config` takes, or UserError naming what is wrong (the shape, the dtype,
+  the first id outside [0, vocabulary) with its place)."""
+  docs = task.num_inputs
+  shape = '[batch, length]' if docs == 1 else f'[batch, {docs}, length]'
+  try:
+    ids = np.asarray(inputs)
+  except (ValueError, TypeError) as e:  # ragged lists
+    raise UserError(
+      f'predict takes token ids of shape {shape}, got an array it cannot '
+      f'read ({e}).'
+    ) from None
+  if ids.ndim != (2 if docs == 1 else 3) or (docs > 1 and ids.shape[1] != docs):
+    raise UserError(
+      f'predict takes token ids of shape {shape}, got shape '
+      f'{tuple(ids.shape)}'
+      + ('; add a batch axis (inputs[None]).' if ids.ndim < 2 else '.')
+    )
+  if ids.size == 0:
+    raise UserError(f'predict got an empty batch of shape {ids.shape}.')
+  if ids.dtype.kind not in 'iu':
+    raise UserError(
+      f'predict takes integer token ids, got dtype {ids.dtype}; convert '
+      'them (np.asarray(ids, np.int32)) if they are whole numbers.'
+    )
+  if ids.shape[-1] > config.max_length:
+    raise UserError(
+      f'predict got inputs of length {ids.shape[-1]}, longer than the '
+      f"run's max_length {config.max_length}; crop them, or take "
+      'run.at_length(n) (a model built for length n).'
+    )
+  objective = config.get('objective', 'classify')
+  vocab = (
+    task.vocab_size_for(config.data.to_dict())
+    if objective == 'per_position' or task.per_position
+    else task.vocab_size
+  )
+  bad = (ids < 0) | (ids >= vocab)
+  if bad.any():
+    place = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise UserError(
+      f'predict got token id {int(ids[place])} at {list(place)}, outside '
+      f"the vocabulary [0, {vocab}) of the run's {config.task} task; "
+      f'give ids below {vocab} (0 is padding).'
+    )
+  return ids.astype(np.int32)
+
+
 @jax.jit
 def _forward(graphdef, state, inputs):
   return nnx.merge(graphdef, state)(inputs, key=None)[0]
@@ -113,8 +160,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, rundir.CONFIG)
   if not os.path.exists(path):
     raise UserError(
-      f'{path} does not exist; give the workdir of a run started by '
-      'train.py.'
+      f'{path} does not exist; give the workdir of a run started by train.py.'
     )
   saved = rundir.read_config(workdir)
   if saved is None:
@@ -175,7 +221,11 @@ def load_run(
   task = tasks.get_task(config.task)
   replicated, batch_sharding = shardings or (None, None)
   graphdef, state = build.create_state(config, task, replicated)
-  ckpt = Checkpoints(os.path.abspath(workdir), keep=config.keep_checkpoints)
+  # Read-only: opening a run writes nothing in it (an archived run, a
+  # read-only mount, a folder of someone else's).
+  ckpt = Checkpoints(
+    os.path.abspath(workdir), keep=config.keep_checkpoints, read_only=True
+  )
   try:
     which, step = find_step(ckpt, workdir, which, step)
     try:
