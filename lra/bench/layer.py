@@ -14,7 +14,7 @@ on x [B, L, E], E = H x D, built as models/layers.py MixerSublayer builds it
 (registry.build_mixer). Inputs are random normal in the compute dtype, with
 a key padding mask of all True passed as an input (as the classifier's
 encoder passes one; no position is padded) and causal=False. A model's
-options are its `model.attention` block from configs/models.py
+options are its `model.attention` block from lra/train/options.py
 (attention_defaults: the core's defaults and the model's MODELS entry, no
 task's tuned overrides), with options the core resolves from the model
 (Longformer's global_positions='auto') resolved as for the Text
@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra.bench.cells import environment, failure
+from lra.bench.report import failure_lines
 from lra.errors import UserError
 from lra.train import options as model_options
 from lra.train.metrics import write_json
@@ -141,7 +142,7 @@ ROW_FIELDS = (
 
 # ---------------------------------------------------------------- build
 def layer_options(model, overrides=None):
-  """The model's `model.attention` block (configs/models.py) as a dict,
+  """The model's `model.attention` block (lra/train/options.py) as a dict,
   `overrides` over it, checked (an unknown option or a bad value: one
   UserError sentence) and resolved as the Text classifier resolves it."""
   values = {**model_options.attention_defaults(model), **(overrides or {})}
@@ -385,7 +386,7 @@ def run_layer_bench(
   out/layer.json and out/layer.md, prints the table, returns the rows
   (model-major, in the order given; a failed cell is an 'error' or 'OOM'
   row). options: {model: {option: value}} over a model's
-  configs/models.py block. log: where progress lines go (None: nowhere)."""
+  lra/train/options.py block. log: where progress lines go (None: nowhere)."""
   check_sizes(batch, heads, head_dim, rounds, warmup)
   as_dtype(dtype)
   log = log or (lambda *_: None)
@@ -467,7 +468,7 @@ def markdown(rows, seconds=None, load_start=None):
     f'D={first["head_dim"]} (E={first["emb_dim"]} for mixers), '
     f'{first["dtype"]}; an attention core alone on q, k, v [B, L, H, D], '
     'a sequence mixer alone on x [B, L, E]; key padding mask all True, '
-    'not causal, no dropout; options from configs/models.py.',
+    'not causal, no dropout; options from lra/train/options.py.',
     f'Timing: ms per call, median (min-max) of {first["rounds"]} '
     f'alternating round(s) after {first["warmup"]} warm-up call(s); '
     'fwd+bwd = jit(grad of the sum of the output) w.r.t. the inputs and '
@@ -500,13 +501,7 @@ def markdown(rows, seconds=None, load_start=None):
       )
       + ' |'
     )
-  failed = [r for r in rows if r['status'] != 'ok']
-  if failed:
-    lines += ['', 'Failures:']
-    lines += [
-      f'- {r["model"]} at {r["length"]}: {r["status"]}, {r["error"]}'
-      for r in failed
-    ]
+  lines += failure_lines(rows)
   return '\n'.join(lines) + '\n'
 
 

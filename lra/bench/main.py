@@ -30,16 +30,17 @@ overrides for each model; --lengths (when given) sets max_length per cell,
 --layer times ONE attention layer instead of a training step
 (lra/bench/layer.py): an attention core alone on q, k, v [B, L, H, D]
 or a sequence mixer alone on x [B, L, E], each model's options from
-configs/models.py, forward and forward + backward (grad of the sum of the
-output w.r.t. the inputs and parameters), every model of a length in
+lra/train/options.py, forward and forward + backward (grad of the sum of
+the output w.r.t. the inputs and parameters), every model of a length in
 alternating rounds in this one process; median ms with min and max, XLA's
 compiled temp memory of both programs, ratios to 'transformer'. Sizes:
 --layer_batch (2), --layer_heads (4), --layer_head_dim (64),
 --layer_rounds (10), --warmup (1); --models, --lengths, --dtype, --baselines
 as below. Writes layer.json and layer.md to --out.
 
---models: 'all' (every key of configs.models.MODELS, the default) or a list,
-measured exactly as listed. --baselines adds the exact baselines
+--models: 'all' (every known model, lra/train/options.py; the default) or
+a list, measured exactly as listed (the grammar of lra/train/names.py:
+'all,-name' drops one). --baselines adds the exact baselines
 'transformer' (einsum softmax, as LRA measured) and 'transformer_fused'
 (jax.nn.dot_product_attention) in front; it is on by default only when
 --models is not given ('-name' drops one). The tables' (x) ratios are to
@@ -50,8 +51,9 @@ table says so.
 transformer's Text config with model.attention = {'name': 'none'} (out = v,
 no token mixing; models/attention/none.py), the fastest and smallest any
 attention could be at that width. The table then also gives every model's
-speed and memory as a fraction of it. The ceiling is not a model name of
-configs/models.py: it is never trained, and eval.py --table never shows it.
+speed and memory as a fraction of it. The ceiling is not a model name
+(lra/train/options.py): it is never trained, and eval.py --table never
+shows it.
 
 Presets (explicit --batch_size/--steps/--warmup override them):
   paper: the Text reference model (4 layers, emb 256, qkv 256, mlp 1024,

@@ -384,69 +384,81 @@ def markdown(rows, seconds=None, load=None):
   lines += _loop_table(rows)
   if CEILING in models:
     lines += _ceiling_tables(by_cell, models, lengths)
-  failed = [r for r in rows if r['status'] != 'ok']
-  if failed:
-    lines += ['', 'Failures:']
-    lines += [
-      f'- {r["model"]} at {r["length"]}: {r["status"]}, {r["error"]}'
-      for r in failed
-    ]
+  lines += failure_lines(rows)
   return '\n'.join(lines) + '\n'
 
 
+def failure_lines(rows):
+  """The lines under a table (this one and the layer table,
+  lra/bench/layer.py) naming each cell that did not finish, and why."""
+  failed = [r for r in rows if r['status'] != 'ok']
+  if not failed:
+    return []
+  return ['', 'Failures:'] + [
+    f'- {r["model"]} at {r["length"]}: {r["status"]}, {r["error"]}'
+    for r in failed
+  ]
+
+
 def plot(rows, value, ylabel, path):
-  """One line per model against length, both axes logarithmic; the title
-  gives the machine, preset and batch, and the paper's setting."""
+  """One line per model against length, both axes logarithmic, each model
+  in its fixed style (lra/report/plotstyle.py); past
+  plotstyle.MAX_PER_PANEL models, a panel per family (attention cores,
+  sequence mixers), each with the transformer and the ceiling as
+  references, on shared axes. The title gives the machine, preset and
+  batch, and the paper's setting."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(7.5, 4.5))
-  # Reference lines, grey and black: the ceiling and the exact softmax
-  # (transformer_fused is the same function; transformer_xl is not).
-  reference = {
-    CEILING: ('0.6', ':'),
-    'transformer': ('0.1', '-'),
-    'transformer_fused': ('0.1', '--'),
-  }
   models = [
     m
     for m in dict.fromkeys(r['model'] for r in rows)
     if any(r['model'] == m and r['status'] == 'ok' for r in rows)
   ]
-  # tab10, and past 8 series a line style and a marker each as well.
-  styles = plotstyle.series_styles(
-    [m for m in models if m not in reference], marker='o'
+  styles = plotstyle.series_styles(models)
+  groups = plotstyle.panels(models, shared=(CEILING, 'transformer'))
+  fig, axes = plt.subplots(
+    len(groups),
+    1,
+    figsize=(7.5, 4.5 * len(groups)),
+    squeeze=False,
+    sharex=True,
+    sharey=True,
   )
-  for m in models:
-    ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
-    if m in reference:
-      color, ls = reference[m]
-      style = dict(color=color, marker='o', linestyle=ls, markersize=5)
-    else:
-      style = styles[m]
-    ax.plot([r['length'] for r in ok], [value(r) for r in ok], label=m, **style)
   lengths = sorted({r['length'] for r in rows if r['length'] is not None})
-  ax.set_xscale('log', base=2)
-  ax.set_yscale('log')
-  ax.set_xticks(lengths, [_length_name(n) for n in lengths])
-  ax.minorticks_off()
-  ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-  ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f'{y:g}'))
-  ax.set_xlabel('sequence length')
-  ax.set_ylabel(ylabel)
-  ax.set_title(
+  for ax, (family, group) in zip(axes[:, 0], groups):
+    for m in group:
+      ok = [r for r in rows if r['model'] == m and r['status'] == 'ok']
+      ax.plot(
+        [r['length'] for r in ok],
+        [value(r) for r in ok],
+        label=m,
+        **styles[m],
+      )
+    ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
+    ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+    ax.minorticks_off()
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f'{y:g}'))
+    ax.tick_params(labelbottom=True)
+    ax.set_xlabel('sequence length (tokens)')
+    ax.set_ylabel(ylabel)
+    if family:
+      ax.set_title(family, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.0, 0.5))
+  fig.suptitle(
     f'{setup(next((r for r in rows if r.get("backend")), rows[0]))}\n'
     f'{PAPER_SETUP}: compare ratios to transformer only',
     fontsize=8,
   )
-  ax.grid(True, alpha=0.3)
-  if ax.lines:
-    ax.legend(fontsize=8, loc='center left', bbox_to_anchor=(1.0, 0.5))
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches='tight')
   plt.close(fig)
 
 
