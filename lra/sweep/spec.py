@@ -28,7 +28,10 @@ the file's values of that key; --config.<key>=<value> adds an override or
 replaces the file's value of that key (a key the file grids and the
 command line sets, or the other way round, takes the command line's).
 A list of parts runs as that many sweeps, one after the other, each into
-its own `out` with its own sweep.json (as the shell commands it replaces).
+its own `out` with its own sweep.json (as the shell commands it replaces;
+parts may share an `out`: a sweep keeps the entries of earlier ones).
+Several presets, or settings that differ by model, are several parts.
+The parts are all planned, and checked, before the first one runs.
 """
 
 from __future__ import annotations
