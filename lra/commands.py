@@ -59,6 +59,6 @@ def program(name: str, argv0: str | None = None, cwd: str | None = None) -> str:
 
 
 def command(name: str, *args: str) -> str:
-  """program(name) followed by args, each quoted for a POSIX shell where it
-  needs it: command('eval', '--plot', workdir)."""
-  return ' '.join([program(name), *(shlex.quote(a) for a in args)])
+  """program(name) followed by args (strings or paths), each quoted for a
+  POSIX shell where it needs it: command('eval', '--plot', workdir)."""
+  return ' '.join([program(name), *(shlex.quote(str(a)) for a in args)])

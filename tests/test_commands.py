@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from lra import commands
-from lra.train import loop
+from lra.train import results
 from lra.train.metrics import TensorBoard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,20 +59,23 @@ def test_command_quotes_its_arguments(monkeypatch):
   assert commands.command('eval', '--plot', 'runs/my run') == (
     "lra-eval --plot 'runs/my run'"
   )
+  assert commands.command('benchmark', '--out', pathlib.Path('b')) == (
+    'lra-benchmark --out b'
+  )
 
 
 def test_train_hints_follow_how_it_was_started(monkeypatch, tmp_path):
   """The final line and the TensorBoard note of a run."""
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(sys, 'argv', ['/venv/bin/lra-train'])
-  line = loop.where_results('runs/a', False)
+  line = results.where_results('runs/a', False)
   assert 'curves: lra-eval --plot runs/a ' in line
   assert 'python' not in line.split('TensorBoard')[0]
   assert '`lra-eval --plot runs/a`' in TensorBoard.hint('runs/a')
   assert 'tensorboard --logdir runs/a/tensorboard' in TensorBoard.hint('runs/a')
   monkeypatch.chdir(ROOT)
   monkeypatch.setattr(sys, 'argv', ['train.py'])
-  assert 'curves: python eval.py --plot runs/a ' in loop.where_results(
+  assert 'curves: python eval.py --plot runs/a ' in results.where_results(
     'runs/a', False
   )
 
@@ -95,7 +98,7 @@ def test_printed_hint_runs_where_it_was_printed(monkeypatch, tmp_path):
   monkeypatch.chdir(elsewhere)
   train = os.path.relpath(os.path.join(ROOT, 'train.py'))
   monkeypatch.setattr(sys, 'argv', [train])
-  line = loop.where_results(str(run), False)
+  line = results.where_results(str(run), False)
   hint = re.search(r'curves: (.*?) \(writes', line).group(1)
   argv = shlex.split(hint)
   assert argv[0] == 'python' and argv[1].endswith('eval.py'), hint

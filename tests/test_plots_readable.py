@@ -20,20 +20,72 @@ from lra.report import (
 PNG = b'\x89PNG\r\n\x1a\n'
 
 
-def test_past_eight_series_each_has_its_own_style():
-  few = plotstyle.series_styles([f'm{i}' for i in range(8)])
-  assert len({s['color'] for s in few.values()}) == 8
-  assert {s['linestyle'] for s in few.values()} == {'-'}
+def _look(style):
+  return (style['color'], style['marker'], style['linestyle'])
+
+
+def test_every_registered_model_has_its_own_fixed_style():
+  """The map covers every model the registry makes; within a family no
+  two models share a colour (transformer_fused is transformer's function:
+  its colour, another line and marker); no two models share a look."""
+  from lra.train import options  # pylint: disable=g-import-not-at-top
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  models = set(registry.known_cores()) | set(options.MODELS)
+  assert models <= set(plotstyle.MODEL_STYLES), models - set(
+    plotstyle.MODEL_STYLES
+  )
+  aliases = {'softmax': 'transformer', 'none': 'ceiling'}
+  own = {m: s for m, s in plotstyle.MODEL_STYLES.items() if m not in aliases}
+  looks = [s[:3] for s in own.values()]
+  assert len(set(looks)) == len(looks)
+  for family in (plotstyle.ATTENTION, plotstyle.MIXERS):
+    colours = [s[0] for m, s in own.items() if s[3] == family]
+    shared = len(colours) - len(set(colours))
+    assert shared == (1 if family == plotstyle.ATTENTION else 0), family
+  for m, (_, _, _, fam) in own.items():
+    if m in registry.known_cores():
+      mixer = registry.is_mixer(registry.get_core_class(m))
+      assert fam == (plotstyle.MIXERS if mixer else plotstyle.ATTENTION), m
+  # Fixed: a model's style does not depend on the others in the figure.
+  alone = plotstyle.series_styles(['gla'])['gla']
+  crowd = plotstyle.series_styles([*sorted(models), 'gla (bi)', 'x'])
+  assert alone == crowd['gla']
+  assert crowd['gla']['color'] != crowd['mamba2']['color']  # docs/mqar.png
+
+
+def test_variants_and_unknown_names_never_look_alike():
   names = [f'm{i}' for i in range(15)]
   many = plotstyle.series_styles(names)
-  tab10 = set(plotstyle.palette())
-  assert {s['color'] for s in many.values()} <= tab10
-  looks = {(s['color'], s['linestyle'], s['marker']) for s in many.values()}
-  assert len(looks) == 15
-  # Where a colour comes back, the line style and marker differ.
-  assert many['m0']['color'] == many['m10']['color']
-  assert many['m0']['linestyle'] != many['m10']['linestyle']
-  assert many['m0']['marker'] != many['m10']['marker']
+  assert len({_look(s) for s in many.values()}) == 15
+  names = ['transformer', 'transformer [small]', 'transformer [smoke]']
+  variants = plotstyle.series_styles(names, models={'tf 1e-3': 'transformer'})
+  assert len({_look(s) for s in variants.values()}) == 3
+  assert {s['color'] for s in variants.values()} == {
+    plotstyle.MODEL_STYLES['transformer'][0]
+  }
+  named = plotstyle.series_styles(
+    ['tf 1e-3', 'transformer'], models={'tf 1e-3': 'transformer'}
+  )
+  assert (
+    named['transformer']
+    == plotstyle.series_styles(['transformer'])['transformer']
+  )
+  assert _look(named['tf 1e-3']) != _look(named['transformer'])
+
+
+def test_more_than_ten_models_are_split_by_family():
+  names = list(plotstyle.MODEL_STYLES)
+  groups = plotstyle.panels(names, shared=('ceiling', 'transformer'))
+  assert len(groups) > 2
+  for title, group in groups:
+    own = [n for n in group if n not in ('ceiling', 'transformer')]
+    assert 0 < len(own) <= plotstyle.MAX_PER_PANEL, (title, group)
+    assert {'ceiling', 'transformer'} <= set(group)
+    assert len({plotstyle.family(n) for n in own}) == 1, title
+  drawn = [n for _, g in groups for n in g]
+  assert set(drawn) == set(names)
+  assert plotstyle.panels(names[:10]) == [('', names[:10])]
 
 
 def test_ema_smooths_without_bias():
@@ -163,7 +215,8 @@ def test_many_runs_get_distinct_styles_and_an_outside_legend(tmp_path):
     (ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in val.lines
   }
   assert len(looks) == 10
-  assert fig.legends and not val.get_legend()
+  # Beside the row of panels: on its last panel, outside the axes.
+  assert val.get_legend() and not fig.axes[0].get_legend()
   plt.close(fig)
 
 
@@ -197,14 +250,144 @@ def test_benchmark_plot_of_many_models_is_told_apart(tmp_path, monkeypatch):
   bench_report.plot(rows, lambda r: r['steps_per_sec'], 'steps/s', str(path))
   monkeypatch.undo()
   (fig,) = figures
-  lines = {ln.get_label(): ln for ln in fig.axes[0].lines}
+  # 11 models besides the references: a panel per family, the references
+  # in each; within a panel, no two lines look alike.
+  assert len(fig.axes) == 2
+  for ax in fig.axes:
+    assert {'ceiling', 'transformer'} <= {ln.get_label() for ln in ax.lines}
+    assert_panel_tells_apart(ax)
+  lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.lines}
   looks = {
     (str(ln.get_color()), ln.get_linestyle(), ln.get_marker())
     for ln in lines.values()
   }
   assert len(looks) == len(models)
-  # The references: grey and black; transformer_xl is a model like others.
-  assert lines['transformer'].get_color() == '0.1'
-  assert lines['transformer_xl'].get_color() != '0.1'
+  # Their fixed styles: transformer_fused and transformer_xl apart
+  # (docs/benchmark_paper_b1_*.png drew them alike).
+  for m in ('transformer', 'transformer_fused', 'transformer_xl'):
+    want = plotstyle.MODEL_STYLES[m][:3]
+    ln = lines[m]
+    assert (ln.get_color(), ln.get_marker(), ln.get_linestyle()) == want
   plt.close(fig)
   assert path.read_bytes()[:8] == PNG
+
+
+def assert_panel_tells_apart(ax):
+  """No two labelled series of a panel share colour, marker and line
+  style."""
+  looks = [
+    (matplotlib.colors.to_hex(ln.get_color()), ln.get_marker(),
+     ln.get_linestyle())
+    for ln in ax.lines
+    if not ln.get_label().startswith('_')
+  ]  # fmt: skip
+  assert len(looks) == len(set(looks)), looks
+
+
+def _looks_by_label(fig):
+  """{label: (colour hex, marker, line style)} of a figure's labelled lines
+  (the same label in two panels must look the same)."""
+  out = {}
+  for ax in fig.axes:
+    for ln in ax.lines:
+      label = ln.get_label()
+      if label.startswith('_'):
+        continue
+      look = (
+        matplotlib.colors.to_hex(ln.get_color()),
+        ln.get_marker(),
+        ln.get_linestyle(),
+      )
+      assert out.setdefault(label, look) == look, label
+  return out
+
+
+def test_a_model_looks_the_same_in_every_figure(tmp_path, monkeypatch):
+  """Training curves of three runs and a benchmark plot of other models:
+  the models they share are drawn alike; the MQAR width plot and the
+  bubble chart take the same colours."""
+  from experiments.mqar import report as mqar_report  # pylint: disable=g-import-not-at-top
+
+  root = _runs(tmp_path / 'runs', 3, points=40)
+  for k, model in enumerate(('gla', 'mamba2', 'transformer')):
+    (tmp_path / 'runs' / f'run{k:02d}' / 'config.json').write_text(
+      json.dumps({'model_name': model})
+    )
+  data = curves.series(curves.find_runs([root]))
+  assert sorted(data['loss', 'train']) == ['gla', 'mamba2', 'transformer']
+  curve_fig = curves.figure(data, 'loss')
+  for ax in curve_fig.axes:
+    assert_panel_tells_apart(ax)
+  assert curve_fig.axes[0].get_ylabel() == 'loss (cross-entropy, nats)'
+  in_curves = _looks_by_label(curve_fig)
+
+  bench_models = ['ceiling', 'transformer', 'performer', 'mamba2', 'gla']
+  rows = [
+    dict(
+      model=m, length=n, status='ok', steps_per_sec=(i + 1) / n,
+      peak_memory_bytes=1e9, device_count=1, device_kind='cpu',
+      backend='cpu', preset='paper', batch_size=1,
+    )
+    for i, m in enumerate(bench_models)
+    for n in (1024, 2048)
+  ]  # fmt: skip
+  figures = []
+  monkeypatch.setattr(plt, 'close', figures.append)
+  bench_report.plot(
+    rows, lambda r: r['steps_per_sec'], 'steps/s', str(tmp_path / 's.png')
+  )
+  mqar_rows = [
+    {
+      'model': m, 'name': None, 'core': m, 'form': 'causal',
+      'seq_len': 64, 'pairs': 4, 'width': w, 'curve': {4: 0.5},
+      'complete': True,
+    }
+    for m in ('mamba2', 'gla', 'based')
+    for w in (32, 64)
+  ]  # fmt: skip
+  mqar_report.width_plot(mqar_rows, str(tmp_path / 'w.png'))
+  monkeypatch.undo()
+  bench_fig, width_fig = figures
+  in_bench = _looks_by_label(bench_fig)
+  in_width = _looks_by_label(width_fig)
+  for ax in (*bench_fig.axes, *width_fig.axes):
+    assert_panel_tells_apart(ax)
+  for model in ('gla', 'mamba2', 'transformer'):
+    assert in_curves[model] == in_bench[model], model
+  for model in ('gla', 'mamba2'):
+    assert in_width[model] == in_bench[model], model
+  assert in_bench['gla'][0] != in_bench['mamba2'][0]
+  for fig in (curve_fig, bench_fig, width_fig):
+    plt.close(fig)
+  # The bubble chart: each circle in its model's colour.
+  points = [
+    ('transformer [small]', 40.0, 1.0, 2e9, ('listops',)),
+    ('gla [small]', 38.0, 2.0, 1e9, ('listops',)),
+  ]
+  fig = bench_report.bubble_figure(points, 1024, True, 'acc (%)', 'cpu')
+  colours = {
+    c.get_label(): matplotlib.colors.to_hex(c.get_color())
+    for c in fig.axes[0].lines
+  }
+  assert colours['gla [small]'] == in_bench['gla'][0]
+  assert colours['transformer [small]'] == in_bench['transformer'][0]
+  plt.close(fig)
+
+
+def test_curves_are_in_percent_with_labelled_axes(tmp_path):
+  run = tmp_path / 'run'
+  run.mkdir()
+  rows = [
+    {'step': s, 'split': sp, 'loss': 1.0, 'accuracy': 0.25}
+    for s in (1, 2)
+    for sp in ('train', 'val')
+  ]
+  (run / 'metrics.jsonl').write_text(
+    ''.join(json.dumps(r) + '\n' for r in rows)
+  )
+  data = curves.series([str(run)])
+  fig = curves.figure(data, 'accuracy')
+  train, val = fig.axes
+  assert val.get_ylabel() == 'accuracy (%)' and val.get_xlabel()
+  assert list(val.lines[0].get_ydata()) == [25.0, 25.0]
+  plt.close(fig)

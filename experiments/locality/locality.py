@@ -343,19 +343,27 @@ def plot(path, task, preset, blocks, transformer, length) -> None:
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
+  from lra.report import plotstyle  # pylint: disable=g-import-not-at-top
+
+  # Each model in its fixed style, as in every figure of the project.
+  styles = plotstyle.series_styles(['local', 'transformer'])
   done = [(b, e['test_accuracy']) for b, e in blocks if _finished(e)]
   fig, ax = plt.subplots(figsize=(7, 4.2))
   xs = [b for b, _ in done]
   ax.plot(
     xs,
     [100 * a for _, a in done],
-    marker='o',
-    color='C0',
     label='local, trained at each block size',
+    **styles['local'],
   )
   if _finished(transformer):
     full = 100 * transformer['test_accuracy']
-    ax.axhline(full, color='C1', label=f'transformer ({full:.2f}%)')
+    ax.axhline(
+      full,
+      color=styles['transformer']['color'],
+      linestyle=styles['transformer']['linestyle'],
+      label=f'transformer ({full:.2f}%)',
+    )
   level = chance(task)
   if level is not None:
     ax.axhline(

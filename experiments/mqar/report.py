@@ -369,33 +369,38 @@ def plot(rows: list[dict], path: str) -> None:
   first = settings_of(rows)[0]
   rows = [r for r in rows if (r['seq_len'], r['pairs']) == first]
   widths = sorted({r['width'] for r in rows})
-  style = _styles(list(dict.fromkeys(_label(r) for r in rows)))
+  names = list(dict.fromkeys(_label(r) for r in rows))
+  style = _styles(names, _models(rows))
+  families = _families(rows, names)
   fig, axes = plt.subplots(
-    1, len(widths), figsize=(5.5 * len(widths) + 2.5, 4.5), squeeze=False
-  )
-  for ax, width in zip(axes[0], widths):
-    for r in rows:
-      if r['width'] != width or not r['curve']:
-        continue
-      xs = list(r['curve'])
-      ys = [100 * (r['curve'][x] or 0.0) for x in xs]
-      colour, marker, line = style[_label(r)]
-      ax.plot(
-        xs, ys, marker=marker, color=colour, linestyle=line, label=_label(r)
-      )
-    ax.set_xscale('log', base=2)
-    pairs = sorted({p for r in rows for p in r['curve']})
-    ax.set_xticks(pairs, [str(p) for p in pairs])
-    ax.minorticks_off()
-    ax.set_xlabel(f'key-value pairs (length {first[0]})')
-    ax.set_ylabel('test accuracy (%)')
-    ax.set_ylim(-2, 102)
-    ax.set_title(f'MQAR, width {width}')
-    ax.grid(True, alpha=0.3)
-  handles, labels = _shared_legend(axes[0])
-  axes[0][-1].legend(
-    handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5), fontsize=9
-  )
+    len(families), len(widths),
+    figsize=(5.5 * len(widths) + 2.5, 4.5 * len(families)), squeeze=False,
+  )  # fmt: skip
+  for row_axes, (family, group) in zip(axes, families):
+    for ax, width in zip(row_axes, widths):
+      for r in rows:
+        if r['width'] != width or not r['curve'] or _label(r) not in group:
+          continue
+        xs = list(r['curve'])
+        ys = [100 * (r['curve'][x] or 0.0) for x in xs]
+        colour, marker, line = style[_label(r)]
+        ax.plot(
+          xs, ys, marker=marker, color=colour, linestyle=line,
+          label=_label(r),
+        )  # fmt: skip
+      ax.set_xscale('log', base=2)
+      pairs = sorted({p for r in rows for p in r['curve']})
+      ax.set_xticks(pairs, [str(p) for p in pairs])
+      ax.minorticks_off()
+      _label_panel(
+        ax, f'key-value pairs (length {first[0]})', 'test accuracy (%)',
+        f'MQAR, width {width}', family,
+      )  # fmt: skip
+    handles, labels = _shared_legend(row_axes)
+    row_axes[-1].legend(
+      handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
+      fontsize=9,
+    )  # fmt: skip
   fig.tight_layout()
   fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
@@ -496,17 +501,32 @@ def _label(r):
   return name + (' (bi)' if r['form'] == 'bidirectional' else '')
 
 
-def _styles(names):
-  """{name: (colour, marker, linestyle)} from the project's one palette
-  (lra/report/plotstyle.py: tab10, then line styles past 8); a marker each
-  always, so that the series are told apart without colour too."""
+def _models(rows, stopped=()):
+  """{series label: the model it draws}: a sweep's names (`tf 1e-3`) and
+  stopped runs take their model's style."""
+  out = {}
+  for r in rows:
+    out.setdefault(_label(r), r['model'])
+  for r in stopped:
+    out.setdefault(_stopped_name(r), r['model'])
+  return out
+
+
+def _stopped_name(r):
+  return f'{_label(r)} {r["choice"]} (stopped)'
+
+
+def _styles(names, models=None):
+  """{name: (colour, marker, linestyle)}: each model's fixed style from the
+  project's one map (lra/report/plotstyle.py), the same in every figure;
+  variants of a model (`gla (bi)`, a second run) its colour with another
+  line or marker."""
   from lra.report import plotstyle  # pylint: disable=g-import-not-at-top
 
   return {
-    n: (st['color'], plotstyle.MARKERS[i % len(plotstyle.MARKERS)],
-        st['linestyle'])
-    for i, (n, st) in enumerate(plotstyle.series_styles(names).items())
-  }  # fmt: skip
+    n: (st['color'], st['marker'], st['linestyle'])
+    for n, st in plotstyle.series_styles(names, models=models).items()
+  }
 
 
 def _shared_legend(axes):
@@ -521,14 +541,15 @@ def _shared_legend(axes):
 
 
 def _families(rows, names):
-  """[(title, names)]: one group when the names fit the palette
-  (plotstyle.MANY_SERIES), else the attention cores (models/attention/)
-  and the sequence mixers (models/mixers/) apart, one row of panels each,
-  so that no panel draws more lines than it can tell apart."""
+  """[(title, names)]: one group for at most plotstyle.MAX_PER_PANEL names,
+  else the attention cores (models/attention/) and the sequence mixers
+  (models/mixers/) apart, each cut into groups of at most MAX_PER_PANEL,
+  one row of panels each, so that no panel draws more lines than it can
+  tell apart."""
   from lra.report import plotstyle  # pylint: disable=g-import-not-at-top
   from models.attention import registry  # pylint: disable=g-import-not-at-top
 
-  if len(names) <= plotstyle.MANY_SERIES:
+  if len(names) <= plotstyle.MAX_PER_PANEL:
     return [('', list(names))]
   core_of = {}
   for r in rows:
@@ -544,7 +565,14 @@ def _families(rows, names):
     ('attention cores', [n for n in names if not mixer(n)]),
     ('sequence mixers', [n for n in names if mixer(n)]),
   ]
-  return [(title, group) for title, group in groups if group]
+  out = []
+  for title, group in groups:
+    parts = -(-len(group) // plotstyle.MAX_PER_PANEL)
+    size = -(-len(group) // max(parts, 1))
+    for k in range(parts):
+      label = f'{title} ({k + 1}/{parts})' if parts > 1 else title
+      out.append((label, group[k * size : (k + 1) * size]))
+  return out
 
 
 def _label_panel(ax, xlabel, ylabel, title, family):
@@ -570,13 +598,13 @@ def width_plot(rows: list[dict], path: str) -> None:
   settings = settings_of(rows)
   names = list(dict.fromkeys(_label(r) for r in rows))
   families = _families(rows, names)
+  style = _styles(names, _models(rows))
   widths = sorted({r['width'] for r in rows})
   fig, axes = plt.subplots(
     len(families), len(settings),
     figsize=(5 * len(settings), 4.6 * len(families)), squeeze=False,
   )  # fmt: skip
   for row_axes, (family, group) in zip(axes, families):
-    style = _styles(group)
     for ax, (length, pairs) in zip(row_axes, settings):
       for name in group:
         pts = sorted(
@@ -628,7 +656,8 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
 
   settings = settings_of([*rows, *stopped])
   names = list(dict.fromkeys(_label(r) for r in rows))
-  extra = [f'{_label(r)} {r["choice"]} (stopped)' for r in stopped]
+  extra = [_stopped_name(r) for r in stopped]
+  style = _styles([*names, *extra], _models(rows, stopped))
   families = _families([*rows, *stopped], names)
   if len(families) > 1:  # a stopped run goes with its model's family
     family_of = {n: i for i, (_, group) in enumerate(families) for n in group}
@@ -643,7 +672,6 @@ def curves_plot(rows: list[dict], path: str, stopped=()) -> None:
   )  # fmt: skip
   legends = []
   for row_axes, (family, group) in zip(axes, families):
-    style = _styles(group)
     for ax, (length, pairs) in zip(row_axes, settings):
       for name in group:
         if name not in names:

@@ -1,10 +1,21 @@
-"""Plots a person can read: the lab's shared styling (lra/report/curves.py,
-lra/bench/report.py).
+"""Plots a person can read: the project's one styling of every figure it
+draws (lra/report/curves.py, lra/bench/report.py, the studies' plots in
+experiments/).
 
-  series_styles   one style per series: the qualitative tab10 palette; past
-                  MANY_SERIES series each also gets its own line style and
-                  marker, so no two series look alike even where colours
-                  repeat or are hard to tell apart.
+  MODEL_STYLES    one fixed colour, marker and line style per model (every
+                  registered attention core and sequence mixer, and the
+                  transformer's two models): a model looks the same in every
+                  figure, whichever other models are drawn beside it.
+                  Attention cores are solid lines, sequence mixers dashed;
+                  within each family no two models share a colour.
+  series_styles   the styles of one figure's series: a model's own, a
+                  variant of a model (`gla (bi)`, `transformer [small]`,
+                  two runs of one model) its model's colour with another
+                  line style or marker, so no two series of a panel share
+                  colour, marker and line style.
+  panels          more than MAX_PER_PANEL series: one panel per family
+                  (attention cores, sequence mixers, others), each cut into
+                  panels of at most MAX_PER_PANEL, in MODEL_STYLES's order.
   ema             an exponential moving average (bias-corrected, as
                   TensorBoard's smoothing) for noisy training curves, drawn
                   over the faint raw points.
@@ -14,48 +25,197 @@ lra/bench/report.py).
 """
 
 import itertools
+import math
+import re
+import zlib
 
 import numpy as np
 
-# More series than this: line styles and markers besides the colours.
+# More series than this: the legend stands beside the panels.
 MANY_SERIES = 8
+# More series than this in one figure: split into panels (`panels`).
+MAX_PER_PANEL = 10
 PALETTE = 'tab10'
-# Line styles and markers cycled past MANY_SERIES; their lengths (4, 9) and
-# the palette's (10) share no factor, so the triples repeat only after 180.
+# tab10 by name, three more colours for the attention family's 14, and the
+# grey of the references.
+TAB = {
+  'blue': '#1f77b4',
+  'orange': '#ff7f0e',
+  'green': '#2ca02c',
+  'red': '#d62728',
+  'purple': '#9467bd',
+  'brown': '#8c564b',
+  'pink': '#e377c2',
+  'gray': '#7f7f7f',
+  'olive': '#bcbd22',
+  'cyan': '#17becf',
+}
+BLACK, TEAL, MUSTARD, NAVY = '#000000', '#00827f', '#e6ab02', '#000080'
+LIGHT_GREY = '#999999'
 LINESTYLES = ('-', '--', '-.', ':')
-MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', 'h')
+MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X', '*', 'h', 'p', 'd', '<', '>')
+ATTENTION, MIXERS, OTHERS = 'attention cores', 'sequence mixers', 'others'
+
+# model: (colour, marker, line style, family). Every model name the
+# registry makes (models/attention/registry.py; tests/test_plots_readable.py
+# checks that none is missing), the ceiling row of the benchmark, and the
+# exact softmax core under its own name. transformer and transformer_fused
+# compute the same function: both black, told apart by line and marker.
+MODEL_STYLES = {
+  'transformer': (BLACK, 'o', '-', ATTENTION),
+  'transformer_fused': (BLACK, 's', '--', ATTENTION),
+  'softmax': (BLACK, 'o', '-', ATTENTION),
+  'local': (TAB['blue'], '^', '-', ATTENTION),
+  'sparse_transformer': (TAB['orange'], 'v', '-', ATTENTION),
+  'longformer': (TAB['green'], 'D', '-', ATTENTION),
+  'bigbird': (TAB['red'], 's', '-', ATTENTION),
+  'reformer': (TAB['purple'], 'P', '-', ATTENTION),
+  'linformer': (TAB['brown'], 'X', '-', ATTENTION),
+  'linear_transformer': (TAB['pink'], '*', '-', ATTENTION),
+  'performer': (TAB['gray'], 'h', '-', ATTENTION),
+  'sinkhorn': (TAB['olive'], '<', '-', ATTENTION),
+  'synthesizer': (TAB['cyan'], '>', '-', ATTENTION),
+  'transformer_xl': (TEAL, 'p', '-', ATTENTION),
+  'compressive_transformer': (MUSTARD, 'd', '-', ATTENTION),
+  'retnet': (NAVY, '8', '-', ATTENTION),
+  's4d': (TAB['blue'], 'o', '--', MIXERS),
+  's5': (TAB['orange'], 's', '--', MIXERS),
+  'mamba': (TAB['green'], '^', '--', MIXERS),
+  'mamba2': (TAB['red'], 'v', '--', MIXERS),
+  'based': (TAB['purple'], 'D', '--', MIXERS),
+  'h3': (TAB['brown'], 'P', '--', MIXERS),
+  'hyena': (TAB['pink'], 'X', '--', MIXERS),
+  'gla': (TAB['gray'], '*', '--', MIXERS),
+  'deltanet': (TAB['olive'], 'h', '--', MIXERS),
+  'ceiling': (LIGHT_GREY, '.', ':', OTHERS),
+  'none': (LIGHT_GREY, '.', ':', OTHERS),
+}
+MARKERSIZE = 4.5
 
 
 def palette():
-  """The tab10 colours."""
-  from matplotlib import colormaps  # pylint: disable=g-import-not-at-top
-
-  return list(colormaps[PALETTE].colors)
+  """The tab10 colours, as hex strings."""
+  return list(TAB.values())
 
 
 def darker(color, factor=0.7):
-  """`color` (an RGB tuple) darkened towards black: text in a series'
-  colour that stays readable on white."""
-  return tuple(factor * c for c in color[:3])
+  """`color` (an RGB tuple or a colour string) darkened towards black: text
+  in a series' colour that stays readable on white."""
+  from matplotlib import colors  # pylint: disable=g-import-not-at-top
+
+  return tuple(factor * c for c in colors.to_rgb(color))
 
 
-def series_styles(names, marker=None):
-  """{name: {'color', 'linestyle', 'marker'}}: tab10 colours in order; with
-  more than MANY_SERIES names, also a line style and a marker each (cycled
-  so that no two of the first 180 share all three). With few series the
-  lines are solid and `marker` (None: none) marks every point."""
+def base_model(label, known=MODEL_STYLES):
+  """The model a series label names: the label itself, or the longest
+  known model it starts with before a space, bracket or parenthesis
+  (`transformer [small]`, `gla (bi)`); None for none."""
+  if label in known:
+    return label
+  head = re.split(r'[\s\[(,]', label, maxsplit=1)[0]
+  return head if head in known else None
+
+
+def _hash(text):
+  return zlib.crc32(text.encode())
+
+
+def model_style(model):
+  """(colour, marker, line style, family) of a model: MODEL_STYLES's, else
+  (a model this table does not list yet) one from its name's CRC-32, dotted
+  and in the `others` family: deterministic, never from the figure."""
+  if model in MODEL_STYLES:
+    return MODEL_STYLES[model]
+  h = _hash(model)
+  return (
+    palette()[h % 10],
+    MARKERS[(h // 10) % len(MARKERS)],
+    ':',
+    OTHERS,
+  )
+
+
+def series_styles(names, marker=None, models=None):
+  """{name: {'color', 'marker', 'linestyle', 'markersize'}} for one
+  figure's series. A name that is a model (or `models[name]`, the model it
+  shows) gets the model's fixed style; any other name that starts with a
+  model (a variant, a second run) gets its model's colour with another line
+  style or marker; an unknown name a style from its own CRC-32. No two
+  names share colour, marker and line style: a name whose look is taken
+  (only variants and unknown names can collide) takes the next free
+  (line style, marker) of its colour, in a fixed order. `marker` is kept
+  for callers of the old signature: every series has its marker now."""
+  del marker
   names = list(dict.fromkeys(names))
-  colors = palette()
-  many = len(names) > MANY_SERIES
-  styles = {}
-  for i, name in enumerate(names):
+  models = models or {}
+  styles, taken = {}, set()
+  exact = []
+  for name in names:
+    model = models.get(name) or base_model(name)
+    if model is not None and name == model:
+      exact.append(name)  # fixed looks first: never moved by the others
+  order = exact + [n for n in names if n not in exact]
+  for name in order:
+    model = models.get(name) or base_model(name) or name
+    color, mark, line, _ = model_style(model)
+    if name != model:  # a variant: its own line style and marker, by hash
+      h = _hash(name)
+      line = LINESTYLES[h % len(LINESTYLES)]
+      mark = MARKERS[(h // len(LINESTYLES)) % len(MARKERS)]
+    look = (color, mark, line)
+    if look in taken:
+      start = _hash(name)
+      combos = list(itertools.product(LINESTYLES, MARKERS))
+      for k in range(len(combos)):
+        line, mark = combos[(start + k) % len(combos)]
+        if (color, mark, line) not in taken:
+          break
+      look = (color, mark, line)
+    taken.add(look)
     styles[name] = {
-      'color': colors[i % len(colors)],
-      'linestyle': LINESTYLES[i % len(LINESTYLES)] if many else '-',
-      'marker': MARKERS[i % len(MARKERS)] if many else marker,
-      'markersize': 4.5,
+      'color': color,
+      'marker': mark,
+      'linestyle': line,
+      'markersize': MARKERSIZE,
     }
-  return styles
+  return {name: styles[name] for name in names}
+
+
+def family(name, models=None):
+  """The family of a series: ATTENTION, MIXERS or OTHERS (by its model)."""
+  model = (models or {}).get(name) or base_model(name) or name
+  return model_style(model)[3]
+
+
+def panels(names, models=None, shared=(), most=MAX_PER_PANEL):
+  """[(title, names)]: one untitled panel for at most `most` names, else
+  a panel per family (ATTENTION, MIXERS, OTHERS), each cut into panels of
+  at most `most` in MODEL_STYLES's order (the title numbered then).
+  `shared` names (references: the ceiling, the transformer) go in every
+  panel and are not counted."""
+  names = list(dict.fromkeys(names))
+  own = [n for n in names if n not in shared]
+  keep = [n for n in names if n in shared]
+  if len(own) <= most:
+    return [('', names)]
+  rank = {m: i for i, m in enumerate(MODEL_STYLES)}
+
+  def key(name):
+    model = (models or {}).get(name) or base_model(name) or name
+    return (rank.get(model, len(rank)), names.index(name))
+
+  out = []
+  for title in (ATTENTION, MIXERS, OTHERS):
+    group = sorted((n for n in own if family(n, models) == title), key=key)
+    if not group:
+      continue
+    parts = math.ceil(len(group) / most)
+    size = math.ceil(len(group) / parts)
+    for k in range(parts):
+      chunk = group[k * size : (k + 1) * size]
+      label = f'{title} ({k + 1}/{parts})' if parts > 1 else title
+      out.append((label, keep + chunk))
+  return out
 
 
 def ema(values, weight=None):
