@@ -396,6 +396,13 @@ def plot(rows: list[dict], path: str) -> None:
         ax, f'key-value pairs (length {first[0]})', 'test accuracy (%)',
         f'MQAR, width {width}', family,
       )  # fmt: skip
+      if not ax.lines:  # no model of this family ran at this width
+        ax.cla()
+        ax.axis('off')
+        ax.text(
+          0.5, 0.5, f'no {family or "model"} at width {width}',
+          ha='center', va='center', transform=ax.transAxes, color='0.4',
+        )  # fmt: skip
     handles, labels = _shared_legend(row_axes)
     row_axes[-1].legend(
       handles, labels, loc='center left', bbox_to_anchor=(1.02, 0.5),
@@ -585,11 +592,18 @@ def _label_panel(ax, xlabel, ylabel, title, family):
   ax.grid(True, alpha=0.3)
 
 
+# width_plot: the sideways offset between two models' points, in octaves.
+DODGE = 0.04
+
+
 def width_plot(rows: list[dict], path: str) -> None:
   """Zoology's Figure 2 form: per training setting a panel of test
   accuracy against model width (log2 axis), one line per model; a hollow
   marker is a point whose learning-rate grid has not all finished. Many
-  models: a row of panels per family (_families), each with its legend."""
+  models: a row of panels per family (_families), each with its legend.
+  The models of a panel are dodged sideways (a fixed fraction of an
+  octave each, DODGE), so that points at one width do not hide each
+  other."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use('Agg')
@@ -606,9 +620,14 @@ def width_plot(rows: list[dict], path: str) -> None:
   )  # fmt: skip
   for row_axes, (family, group) in zip(axes, families):
     for ax, (length, pairs) in zip(row_axes, settings):
-      for name in group:
+      for k, name in enumerate(group):
+        dodge = 2 ** (DODGE * (k - (len(group) - 1) / 2))
         pts = sorted(
-          (r['width'], 100 * (r['curve'].get(pairs) or 0.0), r['complete'])
+          (
+            r['width'] * dodge,
+            100 * (r['curve'].get(pairs) or 0.0),
+            r['complete'],
+          )
           for r in rows
           if _label(r) == name and (r['seq_len'], r['pairs']) == (length, pairs)
         )
@@ -629,8 +648,10 @@ def width_plot(rows: list[dict], path: str) -> None:
       ax.set_xscale('log', base=2)
       ax.set_xticks(widths, [str(w) for w in widths])
       ax.minorticks_off()
+      ax.set_xlim(min(widths) / 1.5, max(widths) * 1.5)
       _label_panel(
-        ax, 'model width (emb_dim)', 'test accuracy (%)',
+        ax, 'model width (emb_dim; models dodged sideways)',
+        'test accuracy (%)',
         f'MQAR: length {length}, {pairs} pairs', family,
       )  # fmt: skip
     handles, labels = _shared_legend(row_axes)
