@@ -239,6 +239,14 @@ def test_flags_beside_a_sweep_file_replace_or_extend_it():
     '--config.seed=5',
     '--config.data.num_kv_pairs=8',
   )
+  # A file may spell a key as the command line does (config.seed).
+  spelt = merge(
+    {'tasks': 'mqar', 'models': 'mamba', 'config': {'config.seed': 3}},
+    models=None,
+    grid=(('seed', ('0', '1')),),
+    overrides=[],
+  )
+  assert spelt.overrides == () and spelt.grid == (('seed', ('0', '1')),)
   # A part without tasks and no --tasks: one sentence.
   with pytest.raises(UserError, match='gives no tasks; add tasks to it or'):
     merge({'models': 'mamba'}, models=None, grid=(), overrides=[])

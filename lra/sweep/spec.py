@@ -188,6 +188,11 @@ def _key(arg: str) -> str:
   return OVERRIDE.sub('', arg).split('=', 1)[0]
 
 
+def _bare(key: str) -> str:
+  """A file's config key as the command line's: 'config.seed' -> 'seed'."""
+  return key.removeprefix('--').removeprefix('config.')
+
+
 def merge(
   part: dict,
   *,
@@ -212,7 +217,7 @@ def merge(
   cli_grid = dict(grid)
   cli_keys = {_key(a) for a in overrides}
   axes = {
-    key: tuple(
+    _bare(key): tuple(
       text(v)
       for v in (values if isinstance(values, (list, tuple)) else [values])
     )
@@ -221,9 +226,9 @@ def merge(
   axes.update(cli_grid)
   axes = {k: v for k, v in axes.items() if k in cli_grid or k not in cli_keys}
   config = [
-    f'--config.{key}={text(value)}'
+    f'--config.{_bare(key)}={text(value)}'
     for key, value in part.get('config', {}).items()
-    if key not in cli_keys and key not in cli_grid
+    if _bare(key) not in cli_keys and _bare(key) not in cli_grid
   ]
   config += list(overrides)
   specs = [f'{key}={",".join(values)}' for key, values in axes.items()]
