@@ -14,7 +14,7 @@ import pytest
 
 from lra import data as tasks
 from lra.errors import UserError
-from lra.train import build, cli, comments, loop, runtime, steps
+from lra.train import batching, build, cli, comments, runtime, steps
 from lra.train import options as model_configs
 from models.attention.longformer import LongformerAttention
 
@@ -172,7 +172,7 @@ def test_per_layer_windows_train_a_smoke_step():
   ]
   assert windows == [8, 16]
   del model
-  batch = runtime.to_device(loop.random_batch(config, task), batch_sharding)
+  batch = runtime.to_device(batching.random_batch(config, task), batch_sharding)
   step = steps.make_train_step(graphdef, seed=config.seed)
   state, metrics = step(state, batch)
   assert np.isfinite(float(jax.device_get(metrics['loss'])))

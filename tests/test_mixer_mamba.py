@@ -392,7 +392,7 @@ def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
   and differentiated by jax: the fast scan changes no training."""
   from configs import mqar
   from lra import data as tasks
-  from lra.train import build, loop, runtime, steps
+  from lra.train import batching, build, runtime, steps
 
   config = mqar.get_config('mamba,smoke')
   config.data_dir = str(tmp_path)
@@ -406,7 +406,7 @@ def test_training_run_equals_the_step_loop_recurrence(tmp_path, monkeypatch):
     step = steps.make_train_step(graphdef)
     out = []
     for i in range(12):
-      batch = loop.training_batch(config, task, data, [], i)
+      batch = batching.training_batch(config, task, data, [], i)
       batch = {k: jnp.asarray(v) for k, v in batch.items()}
       state, metrics = step(state, batch, jax.random.key(i))
       out.append(float(metrics['loss']))

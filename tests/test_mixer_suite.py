@@ -188,7 +188,7 @@ def test_trains_one_step_on_listops_smoke(name, listops_smoke):
   config = smoke_config(name, data_dir=listops_smoke)
   ssm = config.model.block == 'ssm' and config.model.norm == 'batch'
   task = tasks.get_task('listops')
-  from lra.train import build, loop, runtime  # pylint: disable=g-import-not-at-top
+  from lra.train import batching, build, runtime  # pylint: disable=g-import-not-at-top
 
   graphdef, state = build.create_state(config, task, None)
   data = runtime.load_data(config, task, progress=False)
@@ -199,7 +199,7 @@ def test_trains_one_step_on_listops_smoke(name, listops_smoke):
     if hasattr(a, 'dtype') and jnp.issubdtype(a.dtype, jnp.floating)
   ]
   before = floats(state)  # the step donates the state: copied first
-  batch = loop.training_batch(config, task, data, [], 0)
+  batch = batching.training_batch(config, task, data, [], 0)
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   new_state, metrics = step(state, batch, jax.random.key(0))
   assert np.isfinite(float(metrics['loss']))

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from configs import listops as listops_config
-from lra.train import loop
+from lra.train import prefetch
 from lra.train.prefetch import Prefetcher
 
 
@@ -53,6 +53,6 @@ def test_close_stops_the_worker_when_the_loop_ends_early():
 def test_prefetch_default_is_in_the_loop_on_a_cpu():
   config = listops_config.get_config('transformer,smoke')
   assert config.prefetch == -1
-  assert loop.prefetch_depth(config) == 0  # the tests run on CPU
+  assert prefetch.prefetch_depth(config) == 0  # the tests run on CPU
   config.prefetch = 3
-  assert loop.prefetch_depth(config) == 3
+  assert prefetch.prefetch_depth(config) == 3

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra.errors import UserError
-from lra.train import build, loop, runtime, steps
+from lra.train import batching, build, runtime, steps
 from lra.train.checkpoints import Checkpoints
 from lra.train.cli import exit_with_error, quiet_logs, run_main
 from lra.train.load import load_run
@@ -48,7 +48,7 @@ def gradient_table(graphdef, state, config, task, data, batches):
 
   total = None
   for i in range(batches):
-    batch = loop.training_batch(config, task, data, [], i)
+    batch = batching.training_batch(config, task, data, [], i)
     g = grads_of(state, {k: jnp.asarray(v) for k, v in batch.items()})
     g = nnx.state(g, nnx.Param)
     total = g if total is None else jax.tree.map(jnp.add, total, g)

@@ -5,7 +5,7 @@ backward and AdamW update, lra.train.steps.make_train_step) of the
 byte-level Text classifier (configs/text.py, max_length = length) on
 random bytes, so no data set is needed; a --config cell times that
 config's step on random inputs of its batches' shapes
-(lra.train.loop.random_batch). Speed is the median of the timed steps
+(lra.train.batching.random_batch). Speed is the median of the timed steps
 after compilation and warm-up (--mode latency) or the rate of steps
 dispatched back to back (throughput). Memory is the compiled train step's
 from XLA's memory analysis (temp + arguments + outputs - donated aliases,
@@ -42,7 +42,7 @@ from lra.bench.cells import (
   resolved,
   spec_config,
 )
-from lra.train import build, loop, objectives, runtime, steps
+from lra.train import batching, build, loop, objectives, runtime, steps
 from lra.train.metrics import read_rows
 from lra.train.oom import OutOfMemory, memory_limit
 from models.attention.memory import compiled_memory
@@ -151,7 +151,7 @@ def measure(row, config, task, shardings, num_steps, warmup, **kwargs):
     sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   )
   del model
-  batch = runtime.to_device(loop.random_batch(config, task), batch_sharding)
+  batch = runtime.to_device(batching.random_batch(config, task), batch_sharding)
 
   start = time.perf_counter()
   # The step train.py's loop runs: its key drawn inside from (seed, step),

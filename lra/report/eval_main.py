@@ -59,9 +59,9 @@ from absl import flags
 import ml_collections
 
 from lra import data as tasks
-from lra.bench.report import bubble_chart
 from lra.errors import UserError
 from lra.report import curves
+from lra.report.bubble import bubble_chart
 from lra.report.tables import tables
 from lra.train import cli, options, processes, runtime, validate
 from lra.train.load import load_run, saved_config

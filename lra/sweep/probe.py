@@ -2,7 +2,7 @@
 measured rate, build its config's state, compile its training step (the
 step train.py's loop runs: lra.train.build.create_state,
 lra.train.steps.make_train_step) on a random batch of the task's shapes
-(lra.train.loop.random_batch: loop.training_batch on random data), time a
+(lra.train.batching.random_batch: training_batch on random data), time a
 few steps, then compile and time its evaluation step the same way.
 
 The estimate of a run of S steps left:
@@ -98,7 +98,7 @@ def probe(config, seconds: float = 2.0, min_steps: int = 3) -> Probe:
   # pylint: disable=g-import-not-at-top
   import jax
 
-  from lra.train import build, loop, objectives, runtime, steps
+  from lra.train import batching, build, objectives, runtime, steps
   # pylint: enable=g-import-not-at-top
 
   if not _MESH:
@@ -108,7 +108,7 @@ def probe(config, seconds: float = 2.0, min_steps: int = 3) -> Probe:
   runtime.check_batch(config.batch_size)
   start = time.perf_counter()
   graphdef, state = build.create_state(config, task, replicated)
-  batch = runtime.to_device(loop.random_batch(config, task), batch_sharding)
+  batch = runtime.to_device(batching.random_batch(config, task), batch_sharding)
   prepare = objectives.in_step(config, task)
   train_step = steps.make_train_step(
     graphdef,
@@ -133,7 +133,7 @@ def probe(config, seconds: float = 2.0, min_steps: int = 3) -> Probe:
   with eval_config.unlocked():
     eval_config.batch_size = config.eval_batch_size or config.batch_size
   eval_batch = runtime.to_device(
-    loop.random_batch(eval_config, task), batch_sharding
+    batching.random_batch(eval_config, task), batch_sharding
   )
   key = objectives.eval_key(config, 0)
   eval_step = steps.make_eval_step(graphdef, prepare)

@@ -6,6 +6,9 @@ Evaluation walks a split in order; the last batch is padded with weight-0
 rows so no example is dropped or counted twice.
 
 Each host builds only its own rows of the global batch (multi-host ready).
+A training step's batch (training_batches) is that draw cropped by the
+length curriculum and turned into an LM objective's inputs; random_batch is
+the same on random data (the benchmark's and the sweep probe's cells).
 
 Labels are int [N] (a class per example) or, for a task with a label per
 position (lra/data/mqar.py), int [N, L] with IGNORE (-100) where a
@@ -15,8 +18,14 @@ replaced by 0) and weights [B, L] (the row's weight where labelled, else
 """
 
 import functools
+from typing import Callable
 
+import jax
+from ml_collections import ConfigDict
 import numpy as np
+
+from lra import data as tasks
+from lra.train import curriculum, objectives
 
 IGNORE = -100  # a per-position label that counts nothing
 
@@ -122,3 +131,76 @@ def eval_batches(
 
 def num_eval_batches(n, global_batch):
   return -(-n // global_batch)
+
+
+# ------------------------------------------------- a training step's batch
+def training_batch(
+  config: ConfigDict, task: tasks.Task, data: dict, stages: list, step: int
+) -> dict[str, np.ndarray]:
+  """The host's rows of the batch of 0-based `step`: a stateless draw of
+  (seed, step) (lra/train/batching.py), cropped by the length curriculum
+  (Shortformer's: a crop of the same rows) and turned into an LM
+  objective's batch (masked_lm: the documents, masked in the step)."""
+  return training_batches(config, task, data, stages)(step)
+
+
+def random_batch(config, task, seed=0):
+  """The host batch of a training step of `config`, on random data: random
+  tokens (ids 1..vocab-1, so nothing is padding) and labels of the task's
+  shapes, through training_batch (an LM objective's inputs, targets
+  and masks). No length curriculum: the cell is the full length."""
+  rng = np.random.default_rng(seed)
+  b, length = config.batch_size, config.max_length
+  options = config.data.to_dict()
+  vocab = task.vocab_size_for(options)
+  docs = (task.num_inputs,) if task.num_inputs > 1 else ()
+  inputs = rng.integers(1, vocab, (b, *docs, length), dtype=np.int32)
+  if task.per_position:
+    labels = rng.integers(0, vocab, (b, length), dtype=np.int32)
+  else:
+    labels = rng.integers(0, task.num_classes, (b,), dtype=np.int32)
+  return training_batch(config, task, {'train': (inputs, labels)}, [], 0)
+
+
+def training_batches(
+  config: ConfigDict, task: tasks.Task, data: dict, stages: list
+) -> Callable[[int], dict[str, np.ndarray]]:
+  """training_batch(config, task, data, stages, step) as a function of the
+  step alone, the config's values read once (the loop draws a batch a
+  step: a ConfigDict lookup costs about 0.6 us)."""
+  index, count = jax.process_index(), jax.process_count()
+  seed, batch_size = config.seed, config.batch_size
+  max_length = config.max_length
+  rows = host_slice(batch_size, index, count)
+  lm = objectives.is_lm(config)
+  if stages:
+    pad_id = 0 if config.data.get('black_is_padding') else task.pad_id
+  inputs, labels = data['train']
+
+  def make(step):
+    batch = train_batch(
+      inputs,
+      labels,
+      seed=seed,
+      step=step,
+      global_batch=batch_size,
+      length=max_length,
+      process_index=index,
+      process_count=count,
+    )
+    if stages:
+      batch['inputs'] = curriculum.crop(
+        batch['inputs'],
+        curriculum.length_at(stages, step + 1, max_length),
+        windows=lm,
+        seed=seed,
+        step=step,
+        pad_id=pad_id,
+        rows=rows,
+        global_rows=batch_size,
+      )
+    if lm:  # masked_lm: plain tokens, masked in the step (objectives.in_step)
+      batch = objectives.lm_batch(batch, config, task)
+    return batch
+
+  return make

@@ -2,7 +2,9 @@
 at a time, then "is it time to log / evaluate / save / stop", then the test.
 
 train_and_evaluate (below) is the loop; its pieces are named functions here
-(restore_or_init, open_log, prefetched, the Trainer's evaluate, finish).
+(restore_or_init, open_log, the Trainer's evaluate; the batches made ahead
+in lra/train/prefetch.py, the test and results.json in
+lra/train/results.py).
 The config is checked here, before anything is built or written
 (lra/train/config.py check), then trusted.
 """
@@ -10,7 +12,6 @@ The config is checked here, before anything is built or written
 import contextlib
 import dataclasses
 import errno
-import json
 import math
 import os
 import shutil
@@ -23,37 +24,30 @@ from typing import Callable
 from flax import nnx
 import jax
 from ml_collections import ConfigDict
-import numpy as np
 
-from lra import commands
 from lra import data as tasks
 from lra.errors import NON_FINITE_STOP, UserError
+from lra.train import config as config_loader
 from lra.train import (
-  batching,
   curriculum,
   objectives,
+  prefetch,
   processes,
+  results,
   rundir,
   runtime,
   steps,
   validate,
 )
-from lra.train import config as config_loader
-from lra.train.build import at_length, create_state, init_from
+from lra.train.build import create_state, init_from
 from lra.train.checkpoints import CheckpointError, Checkpoints, saved_steps
 from lra.train.lock import workdir_lock
-from lra.train.metrics import MetricsLog, TensorBoard, selection
+from lra.train.metrics import MetricsLog, selection
 from lra.train.oom import out_of_memory
-from lra.train.prefetch import Prefetcher
 from lra.train.progress import NonFiniteLoss, Progress
 
 # The best-on-validation record before any evaluation.
 NO_BEST = {'step': None, 'accuracy': -1.0, 'val': None}
-
-
-def warn(message: str) -> None:
-  if processes.is_primary():
-    print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
 def resume_state(
@@ -75,16 +69,20 @@ def resume_state(
       restored, meta = ckpt.restore(which, step, state)
     except CheckpointError as e:
       moved = ckpt.set_aside(which, step)
-      warn(f'{e.what}; skipped it (moved to {moved}).')
+      processes.warn(f'{e.what}; skipped it (moved to {moved}).')
       continue
     best = meta['best']
     if not (which == 'best' and best['step'] == step):
       best = check_best(ckpt, state, best, no_best, step)
     if candidates[0] != (step, which):
-      warn(f'resuming from the {which} checkpoint at step {step} instead.')
+      processes.warn(
+        f'resuming from the {which} checkpoint at step {step} instead.'
+      )
     return step, restored, best
   if candidates:
-    warn('no checkpoint was readable; training starts again from step 0.')
+    processes.warn(
+      'no checkpoint was readable; training starts again from step 0.'
+    )
   return 0, state, no_best
 
 
@@ -104,8 +102,8 @@ def check_best(
       return best
     except CheckpointError as e:
       moved = ckpt.set_aside('best', best['step'])
-      warn(f'{e.what}; moved it to {moved}.')
-  warn(
+      processes.warn(f'{e.what}; moved it to {moved}.')
+  processes.warn(
     f'the best checkpoint (step {best["step"]}) is gone; the best is chosen '
     'again from the next evaluations.'
   )
@@ -189,78 +187,6 @@ def open_log(
   return log
 
 
-def training_batch(
-  config: ConfigDict, task: tasks.Task, data: dict, stages: list, step: int
-) -> dict[str, np.ndarray]:
-  """The host's rows of the batch of 0-based `step`: a stateless draw of
-  (seed, step) (lra/train/batching.py), cropped by the length curriculum
-  (Shortformer's: a crop of the same rows) and turned into an LM
-  objective's batch (masked_lm: the documents, masked in the step)."""
-  return training_batches(config, task, data, stages)(step)
-
-
-def random_batch(config, task, seed=0):
-  """The host batch of a training step of `config`, on random data: random
-  tokens (ids 1..vocab-1, so nothing is padding) and labels of the task's
-  shapes, through loop.training_batch (an LM objective's inputs, targets
-  and masks). No length curriculum: the cell is the full length."""
-  rng = np.random.default_rng(seed)
-  b, length = config.batch_size, config.max_length
-  options = config.data.to_dict()
-  vocab = task.vocab_size_for(options)
-  docs = (task.num_inputs,) if task.num_inputs > 1 else ()
-  inputs = rng.integers(1, vocab, (b, *docs, length), dtype=np.int32)
-  if task.per_position:
-    labels = rng.integers(0, vocab, (b, length), dtype=np.int32)
-  else:
-    labels = rng.integers(0, task.num_classes, (b,), dtype=np.int32)
-  return training_batch(config, task, {'train': (inputs, labels)}, [], 0)
-
-
-def training_batches(
-  config: ConfigDict, task: tasks.Task, data: dict, stages: list
-) -> Callable[[int], dict[str, np.ndarray]]:
-  """training_batch(config, task, data, stages, step) as a function of the
-  step alone, the config's values read once (the loop draws a batch a
-  step: a ConfigDict lookup costs about 0.6 us)."""
-  index, count = jax.process_index(), jax.process_count()
-  seed, batch_size = config.seed, config.batch_size
-  max_length = config.max_length
-  rows = batching.host_slice(batch_size, index, count)
-  lm = objectives.is_lm(config)
-  if stages:
-    pad_id = 0 if config.data.get('black_is_padding') else task.pad_id
-  inputs, labels = data['train']
-
-  def make(step):
-    batch = batching.train_batch(
-      inputs,
-      labels,
-      seed=seed,
-      step=step,
-      global_batch=batch_size,
-      length=max_length,
-      process_index=index,
-      process_count=count,
-    )
-    if stages:
-      batch['inputs'] = curriculum.crop(
-        batch['inputs'],
-        curriculum.length_at(stages, step + 1, max_length),
-        windows=lm,
-        seed=seed,
-        step=step,
-        pad_id=pad_id,
-        rows=rows,
-        global_rows=batch_size,
-      )
-    if lm:  # masked_lm: plain tokens, masked in the step (objectives.in_step)
-      batch = objectives.lm_batch(batch, config, task)
-    return batch
-
-  return make
-
-
 # Signals that ask the loop to stop at the end of its step and save: Ctrl-C,
 # and SIGTERM (preemption: TPU/cloud VMs, Slurm, Kubernetes end runs so).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -318,45 +244,6 @@ def save_due(config: ConfigDict, last_save_s: float) -> bool:
   return processes.agree(due)
 
 
-def prefetched(
-  config: ConfigDict,
-  task: tasks.Task,
-  data: dict,
-  stages: list,
-  batch_sharding,
-  start: int,
-) -> Prefetcher:
-  """(step, batch) for the steps after `start`, made prefetch_depth(config)
-  steps ahead on a worker thread (lra/train/prefetch.py) and transferred there,
-  one transfer per batch; depth 0: made in the loop's thread, host arrays
-  that the step's dispatch places (one process; several: placed here).
-  The step's key is drawn inside the step (lra.train.steps.step_key:
-  fold_in(fold_in(key(seed), 1), s))."""
-  depth = prefetch_depth(config)
-  on_host = depth == 0 and jax.process_count() == 1
-
-  make = training_batches(config, task, data, stages)
-
-  def prepared(step):
-    batch = make(step - 1)
-    return batch if on_host else runtime.to_device(batch, batch_sharding)
-
-  steps_left = range(start + 1, config.num_train_steps + 1)
-  return Prefetcher(prepared, steps_left, depth)
-
-
-def prefetch_depth(config: ConfigDict) -> int:
-  """config.prefetch, with -1 (the default): 0 on a CPU, 2 on an
-  accelerator. On a CPU the loop's own thread is faster (measured in
-  docs/benchmark.md: a worker thread contends with the step's dispatch for
-  Python's lock); on a GPU/TPU the worker keeps the next two batches
-  transferred while the device computes."""
-  depth = config.get('prefetch', -1)
-  if depth < 0:
-    return 0 if jax.default_backend() == 'cpu' else 2
-  return depth
-
-
 def exit_interrupted(last_good: int, preempted: bool) -> None:
   """Says where the latest checkpoint is and exits 130 (Ctrl-C) or 143
   (SIGTERM: preempted)."""
@@ -367,39 +254,6 @@ def exit_interrupted(last_good: int, preempted: bool) -> None:
     file=sys.stderr,
   )
   sys.exit(143 if preempted else 130)
-
-
-def test_splits(config, task, shardings, eval_step, state):
-  """{name: metrics} on the task's extra test splits (lra/data/__init__.py
-  extra_test_splits; {} for most tasks). A split no longer than max_length
-  is padded to it (padding is masked) and run by this model; a longer one
-  by the same model built at its length (at_length: a learned position
-  table extended by copying); where that cannot be (a parameter depends on
-  the length: Linformer), the split gets {'error': the sentence}."""
-  replicated, batch_sharding = shardings
-  data_dir = config.data_dir or tasks.default_data_dir()
-  splits = task.load_extra_test_splits(data_dir, config.data.to_dict())
-  out = {}
-  for name, split in splits.items():
-    length = split[0].shape[-1]
-    run_config, run_step, run_state = config, eval_step, state
-    if length > config.max_length:
-      try:
-        graphdef, run_state = at_length(config, task, replicated, state, length)
-      except UserError as e:
-        warn(f'test split {name} not evaluated: {e}')
-        out[name] = {'error': str(e)}
-        continue
-      run_step = steps.make_eval_step(
-        graphdef, objectives.in_step(config, task)
-      )
-      run_config = config.copy_and_resolve_references()
-      with run_config.unlocked():
-        run_config.max_length = length
-    out[name] = runtime.evaluate(
-      run_step, run_state, split, run_config, batch_sharding, desc=name
-    )
-  return out
 
 
 def non_finite_error(
@@ -418,81 +272,6 @@ def non_finite_error(
     '--config.grad_clip_norm=1 to start again'
   )
   return UserError(f'{NON_FINITE_STOP}{e.args[1]} at step {e.args[0]}; {kept}.')
-
-
-def finish(config, workdir, task, log, select, best, tested):
-  """Writes results.json (process 0), prints the summary and where the
-  results are; returns the results. tested: the best checkpoint's `test`,
-  the final step's `test_last` at `last_step`, and `test_splits` ({name:
-  metrics} of the task's extra test splits, best checkpoint; results.json
-  has the key only when there are some)."""
-  test, test_last = tested['test'], tested['test_last']
-  last_step = tested['last_step']
-  lm = objectives.is_lm(config)
-  results = {
-    'task': config.task,
-    'model': config.model_name,
-    'preset': config.preset,
-    # 'classify', or an LM objective: then val/test hold loss,
-    # token_accuracy (and perplexity), not classification accuracies.
-    'objective': objectives.objective(config),
-    'best_step': best['step'],
-    'val': best['val'],
-    'test': test,
-    'last_step': last_step,
-    'test_last': test_last,
-    'select': select,  # the one eval.py --table reports (lra/train/metrics.py)
-    'data_source': runtime.data_source(config, task),
-  }
-  if lm:  # no accuracy to report: best is the lowest validation loss
-    del results['select']
-  # The attention options this run changed from its command's config
-  # (configs/<task>.py:<model>,<preset>): eval.py --table labels it by them.
-  changed = config_loader.changed_from_command(config)
-  if changed:
-    results[rundir.ATTENTION_OPTIONS_KEY] = changed
-  if tested.get('test_splits'):  # the task's extra test splits (mqar)
-    results['test_splits'] = tested['test_splits']
-  if processes.is_primary():
-    rundir.write_results(workdir, results)
-    print(summary(config, best, test, last_step, test_last, select))
-    for name, metrics in results.get('test_splits', {}).items():
-      shown = metrics.get('error') or objectives.describe(metrics, config)
-      print(f'test split {name} (best checkpoint): {shown}')
-    print(where_results(workdir, log.tensorboard is not None))
-  log.close()
-  return results
-
-
-def summary(config, best, test, last_step, test_last, select):
-  """The final line of numbers: the best step's validation and test, and
-  the final step's test."""
-  if objectives.is_lm(config):
-    describe = lambda m: objectives.describe(m, config)  # noqa: E731
-    return (
-      f'best step {best["step"]} (lowest val loss): val '
-      f'{describe(best["val"])}; test {describe(test)}; final step '
-      f'{last_step}: test {describe(test_last)}'
-    )
-  return (
-    f'best step {best["step"]}: val accuracy {best["val"]["accuracy"]:.4f}, '
-    f'test accuracy {test["accuracy"]:.4f}; final step {last_step}: test '
-    f'accuracy {test_last["accuracy"]:.4f} (reported: {select})'
-  )
-
-
-def where_results(workdir: str, tensorboard: bool) -> str:
-  """The final line: where the results, the curves and the TensorBoard
-  scalars of a run are."""
-  line = (
-    f'Results: {os.path.join(workdir, "results.json")}; curves: '
-    f'{commands.command("eval", "--plot", workdir)} (writes '
-    f'{os.path.join(workdir, "curves_*.png")})'
-  )
-  if tensorboard:
-    board = os.path.join(workdir, TensorBoard.DIR)
-    return line + f'; TensorBoard: tensorboard --logdir {board}'
-  return line + '; TensorBoard: pip install tensorboardX, then new runs log it'
 
 
 # ------------------------------------------------------------------ the run
@@ -554,18 +333,6 @@ def make_trainer(config: ConfigDict, workdir: str) -> tuple[Trainer, dict]:
     train_step, eval_step, data, stages,
   )  # fmt: skip
   return trainer, changes
-
-
-def finished_results(workdir: str, start: int, config: ConfigDict):
-  """results.json's contents when the run already trained all its steps,
-  else None."""
-  path = os.path.join(workdir, 'results.json')
-  if start >= config.num_train_steps and os.path.exists(path):
-    if processes.is_primary():
-      print(f'{workdir} already finished {start} steps; see results.json.')
-    with open(path) as f:
-      return json.load(f)
-  return None
 
 
 def compiles_at(t: Trainer, step: int, start: int) -> bool:
@@ -661,7 +428,7 @@ def run(t, workdir, select, changes, on_step):
     config, workdir, t.state, changes
   )
   log = open_log(config, workdir, start, init_step, changes)
-  done = finished_results(workdir, start, config)
+  done = results.finished_results(workdir, start, config)
   if done is not None:
     log.close()
     return done
@@ -679,7 +446,7 @@ def run(t, workdir, select, changes, on_step):
   # Read once: a ConfigDict lookup costs about 0.6 us, several a step.
   log_every, eval_every = config.log_every_steps, config.eval_every_steps
   save_every, num_steps = config.checkpoint_every_steps, config.num_train_steps
-  batches = prefetched(
+  batches = prefetch.prefetched(
     config, t.task, t.data, t.stages, t.batch_sharding, start
   )
   try:
@@ -728,32 +495,7 @@ def run(t, workdir, select, changes, on_step):
   progress.close()
 
   # ------------------------------------------------------------------ test
-  tested, best = test_best_and_last(t, state, best, start, last_good, ckpt, log)
-  return finish(config, workdir, t.task, log, select, best, tested)
-
-
-def test_best_and_last(t, state, best, start, last_good, ckpt, log):
-  """(tested, best): the test metrics of the best checkpoint (`test`), of
-  the final step (`test_last` at `last_step`) and of the task's extra test
-  splits (`test_splits`, best checkpoint), each logged; `best` chosen
-  again from the final state when its checkpoint was unreadable."""
-  config = t.config
-  if best['step'] is None:  # its checkpoint was unreadable; take the last
-    val = t.evaluate(state, 'val')
-    acc = val[objectives.accuracy_key(config)]
-    best = {'step': last_good, 'accuracy': acc, 'val': val}
-    ckpt.save('best', last_good, state, {'step': last_good, 'best': best})
-  best_state, _ = ckpt.restore('best', best['step'], state)
-  test = t.evaluate(best_state, 'test')
-  log.write(best['step'], 'test', checkpoint='best', **test)
-  last_step = max(start, config.num_train_steps)
-  test_last = test if best['step'] == last_step else t.evaluate(state, 'test')
-  log.write(last_step, 'test', checkpoint='last', **test_last)
-  ckpt.close()
-  tested = {'test': test, 'last_step': last_step, 'test_last': test_last}
-  tested['test_splits'] = test_splits(
-    config, t.task, (t.replicated, t.batch_sharding), t.eval_step, best_state
+  tested, best = results.test_best_and_last(
+    t, state, best, start, last_good, ckpt, log
   )
-  for name, metrics in tested['test_splits'].items():
-    log.write(best['step'], f'test_{name}', checkpoint='best', **metrics)
-  return tested, best
+  return results.finish(config, workdir, t.task, log, select, best, tested)

@@ -3,8 +3,9 @@
 The training loop's host work (drawing the rows of (seed, step), cropping,
 the objective's inputs) and the host-to-device transfer run on a worker
 thread, `depth` steps ahead, while the device computes: the loop only takes
-the next ready batch. Batches are pure functions of the step (lra/train/batching.py
-draws them from (seed, step)), so prefetching changes no number: a run with
+the next ready batch. Batches are pure functions of the step
+(lra/train/batching.py draws them from (seed, step)), so prefetching
+changes no number: a run with
 it is bit-identical to one without. An error in the worker (a damaged cache,
 a bad option) is raised in the loop at the step that needed that batch.
 
@@ -18,6 +19,12 @@ dispatch already prepares batch s + 1 while step s computes.
 import queue
 import threading
 from typing import Callable, Iterator
+
+import jax
+from ml_collections import ConfigDict
+
+from lra import data as tasks
+from lra.train import batching, runtime
 
 _DONE = object()
 
@@ -89,3 +96,42 @@ class Prefetcher:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def prefetched(
+  config: ConfigDict,
+  task: tasks.Task,
+  data: dict,
+  stages: list,
+  batch_sharding,
+  start: int,
+) -> Prefetcher:
+  """(step, batch) for the steps after `start`, made prefetch_depth(config)
+  steps ahead on a worker thread (Prefetcher) and transferred there,
+  one transfer per batch; depth 0: made in the loop's thread, host arrays
+  that the step's dispatch places (one process; several: placed here).
+  The step's key is drawn inside the step (lra.train.steps.step_key:
+  fold_in(fold_in(key(seed), 1), s))."""
+  depth = prefetch_depth(config)
+  on_host = depth == 0 and jax.process_count() == 1
+
+  make = batching.training_batches(config, task, data, stages)
+
+  def prepared(step):
+    batch = make(step - 1)
+    return batch if on_host else runtime.to_device(batch, batch_sharding)
+
+  steps_left = range(start + 1, config.num_train_steps + 1)
+  return Prefetcher(prepared, steps_left, depth)
+
+
+def prefetch_depth(config: ConfigDict) -> int:
+  """config.prefetch, with -1 (the default): 0 on a CPU, 2 on an
+  accelerator. On a CPU the loop's own thread is faster (measured in
+  docs/benchmark.md: a worker thread contends with the step's dispatch for
+  Python's lock); on a GPU/TPU the worker keeps the next two batches
+  transferred while the device computes."""
+  depth = config.get('prefetch', -1)
+  if depth < 0:
+    return 0 if jax.default_backend() == 'cpu' else 2
+  return depth

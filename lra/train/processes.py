@@ -161,6 +161,12 @@ def _watch_for_errors(interval_s=0.5):
   threading.Thread(target=watch, name='lra-error-watch', daemon=True).start()
 
 
+def warn(message: str) -> None:
+  """`warning: message` on stderr, from process 0 only."""
+  if is_primary():
+    print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
 def is_primary():
   """True in process 0, the one that writes logs, results and the bar."""
   return jax.process_index() == 0
