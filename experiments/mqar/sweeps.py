@@ -139,6 +139,26 @@ def block():
   ]
 
 
+def short_conv_off():
+  """hyena and h3 (head_dim 1) in the `small` preset's block without its
+  short_conv, at width 128, 8 pairs, lr 3.2e-3, a 4,000-step cosine."""
+  return {
+    'tasks': 'mqar',
+    'models': 'hyena,h3',
+    'preset': 'small',
+    'config': {
+      'model.emb_dim': 128,
+      'model.short_conv': 0,
+      'learning_rate': '3.2e-3',
+      'num_train_steps': 4000,
+      'eval_every_steps': 250,
+      'checkpoint_every_steps': 250,
+      'data.test_splits': '64:4,64:16',
+    },
+    'out': 'short_conv_off',
+  }
+
+
 def selection():
   """Mamba's selection switched off (dt, B, C constants: the Mamba paper's
   ablation) beside the selective Mamba, in Zoology's block."""
