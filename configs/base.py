@@ -29,7 +29,7 @@ def get_base_config():
   # Presets applied, e.g. 'small' or 'small,spt' (the alias small_spt; ''
   # = the LRA reference configuration).
   c.preset = ''
-  # Model registry key (configs/models.py); set from the `:<model>` argument.
+  # Model name (lra/train/options.py); set from the `:<model>` argument.
   c.model_name = ''
   # Seeds parameters, data order and dropout; same seed, same run.
   c.seed = 0
@@ -154,7 +154,7 @@ def get_base_config():
   m.positions = 'sinusoidal'
   # Attention core or sequence mixer: its registry name and every option of
   # its constructor (models/attention/registry.py options_of), defaults
-  # filled by the task file (configs/models.py apply_model); set any with
+  # filled by the task file (lra/train/options.py apply_model); set any with
   # --config.model.attention.<option>=<value>.
   m.attention = ml_collections.ConfigDict({'name': 'softmax'})
   # The block (models/layers.py): 'transformer' (pre-LN: sequence mixing,

@@ -67,7 +67,7 @@ def test_every_option_from_the_command_line_then_one_step(core):
   model = model_of(core)
   options = registry.options_of(core)
   if model is None:
-    # Not a model (configs/models.py NOT_MODELS): it must have nothing to
+    # Not a model (lra/train/options.py NOT_MODELS): it must have nothing to
     # set, or its options would be unreachable.
     assert core in model_configs.NOT_MODELS and not options, core
     return

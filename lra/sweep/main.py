@@ -17,9 +17,9 @@ run as a subprocess (its progress bar and messages pass through), so every run
 resumes like any train.py run and shows in `python eval.py --table OUT`.
 
 --tasks and --models: names joined by commas, or 'all' (every task of
-lra/data/__init__.py; every model of configs/models.py), '-name' leaves one out
-(`--models all,-transformer_fused`). --preset: small, smoke, zoology (mqar's
-own: Zoology's block at small's sizes), or none (the
+lra/data/__init__.py; every model of lra/train/options.py), '-name' leaves
+one out (`--models all,-transformer_fused`). --preset: small, smoke,
+zoology (mqar's own: Zoology's block at small's sizes), or none (the
 LRA reference configuration). --config.* overrides go to every run unchanged.
 
 Self-pretraining: --preset small_spt (or smoke_spt, spt; configs/base.py)

@@ -106,7 +106,7 @@ class Catalogue:
 
   presets, aliases: the preset names (configs/base.py PRESETS, ALIASES);
   fine_tune: self-pretraining preset -> its fine-tune's preset
-  (FINE_TUNE_PRESET); models: every model name (configs/models.py).
+  (FINE_TUNE_PRESET); models: every model name (lra/train/options.py).
   """
 
   presets: tuple

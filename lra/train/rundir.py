@@ -78,7 +78,7 @@ OPTIMISER_CHANGES = (
 # The record of those changes in config.json (not a config field).
 CHANGES_KEY = 'resume_changes'
 # results.json: the model.attention options a run changed from its model's
-# defaults (configs/models.py MODELS), written by train.py.
+# defaults (lra/train/options.py MODELS), written by train.py.
 ATTENTION_OPTIONS_KEY = 'attention_options'
 
 

@@ -15,7 +15,7 @@ Two kinds share the registry (the `is_mixer` flag of the class):
   sequence mixer (models/mixers/base.py): (x, mask) -> y, built with
     MIXER_ARGS (emb_dim instead of head_dim) by `build_mixer`.
 Every other keyword of the constructor is an option: `options_of(name)`
-gives them with their defaults (inspect.signature), and configs/models.py
+gives them with their defaults (inspect.signature), and lra/train/options.py
 puts all of them in `model.attention`, so each can be set from the command
 line (--config.model.attention.<option>=<value>).
 """
