@@ -1,13 +1,18 @@
-"""The Long Range Arena harness, in three floors; imports run only downward.
+"""The Long Range Arena harness, in floors; imports run only downward.
 
-  lra/lab/     what runs or reads many trainings: sweeps, reports and
-               tables, curves and plots, the paper's numbers, the locality
-               probe, the device check, the benchmark's measurement code.
-               The only floor that imports configs/.
-  lra/train/   what one training run is made of: the loop, steps,
-               objectives, batching, prefetch, curriculum, checkpoints,
-               metrics and progress, logging, processes, runtime, the run
-               directory, config validation, the CLI glue, load_run.
+  lra/sweep/   the engine that runs many trainings: plan, grid, run,
+               estimate, probe, archive.
+  lra/bench/   the step and layer benchmarks, their subprocess isolation
+               and report. lra/sweep and lra/bench import lra/report and
+               below, never each other.
+  lra/report/  reads finished runs: accuracy tables beside the paper,
+               curves, the bubble chart, eval.py's body (eval_main).
+  lra/train/   what one training run is made of: train.py's body (main),
+               the loop, steps, objectives, batching, prefetch,
+               curriculum, checkpoints, metrics and progress, processes,
+               runtime, the run directory, the results, load_run, the
+               model names and options, and the config loader (config.py:
+               the one module that imports configs/).
   lra/data/    every task behind one data contract (lra/data/__init__.py):
                generators, release readers, caches, prepare, download.
 
