@@ -107,7 +107,10 @@ def find(source, paths, readers, *, task, data_dir, dataset, archive, url):
       f'{task} --download --source tfds`, or set ${TFDS_ENV} to the TFDS data '
       'directory that holds it.'
     )
+  fetch = commands.command(
+    'prepare', task, '--download', '--data_dir', data_dir
+  )
   raise UserError(
     f'No {dataset} source found: download {archive} ({url}) and put it at '
-    f'{paths["archive"]}, or unpack it there.'
+    f'{paths["archive"]}, or unpack it there (or run `{fetch}`).'
   )
