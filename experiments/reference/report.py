@@ -224,11 +224,17 @@ def reference_block(records: dict, calls: list[dict], read: list[str]) -> str:
   ]
   mqar = mqar_table(records)
   if mqar:
+    steps = {
+      r.get('num_steps')
+      for r in records.values()
+      if r.get('task') == 'mqar' and r.get('num_steps')
+    } or {queue_jobs.MQAR_STEPS}
     out += [
       '',
       "MQAR at Zoology's protocol (`configs/mqar.py:<model>,zoology`, "
-      '20,000 steps, trained on 4 pairs at length 64; the run of each '
-      'model chosen on validation over its width x learning-rate grid):',
+      f'{"/".join(f"{n:,}" for n in sorted(steps))} steps, trained on 4 '
+      'pairs at length 64; the run of each model chosen on validation over '
+      'its width x learning-rate grid):',
       '',
       *mqar,
     ]
