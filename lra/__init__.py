@@ -21,7 +21,15 @@ directions and that there is no import cycle.
 
   from lra import load_run
   run = load_run('runs/listops')   # .config, .model, .predict, .evaluate
+
+Importing lra first tells glibc's malloc to keep freed memory
+(lra/allocator.py; LRA_MALLOC=system keeps glibc's defaults), before JAX
+allocates: every entry point and child process imports lra.
 """
+
+from lra import allocator as _allocator
+
+_allocator.configure()
 
 
 def load_run(workdir, which='best', step=None):

@@ -99,6 +99,7 @@ CONFIG_LOADER = 'lra/train/config.py'
 # the module it names).
 LRA_TOP = {
   '__init__.py',
+  'allocator.py',
   'commands.py',
   'errors.py',
   'prepare.py',
