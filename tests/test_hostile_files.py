@@ -363,3 +363,136 @@ def test_predict_takes_every_id_of_the_vocabulary(loaded):
   vocab = loaded.task.vocab_size
   ids = np.arange(vocab, dtype=np.int16)[None]
   assert np.isfinite(loaded.predict(ids)).all()
+
+
+# ------------------------------------------- damaged files a run wrote
+def damage(path, how):
+  """Replaces the file at `path` by a damaged one: a directory in its
+  place, binary bytes, JSON cut short, or valid JSON of the wrong type."""
+  path = str(path)
+  if os.path.isdir(path):
+    import shutil  # pylint: disable=g-import-not-at-top
+
+    shutil.rmtree(path)
+  elif os.path.exists(path):
+    with open(path, 'rb') as f:
+      whole = f.read()
+    os.remove(path)
+  else:
+    whole = b'{"step": 1, "split": "train", "loss": 1.0}\n' * 3
+  if how == 'directory':
+    os.makedirs(path)
+    return
+  data = {
+    'binary': b'\x00\x9c\xff\xfe' + bytes(range(256)) * 4,
+    'truncated': whole[: max(1, len(whole) // 2)],
+    'wrong_type': b'[1, 2, 3]\n',
+  }[how]
+  with open(path, 'wb') as f:
+    f.write(data)
+
+
+DAMAGES = ['directory', 'binary', 'truncated', 'wrong_type']
+
+
+@pytest.mark.parametrize('how', DAMAGES)
+def test_load_json_names_the_file_and_the_damage(tmp_path, how):
+  from lra.train import rundir  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path / 'results.json'
+  path.write_text(json.dumps({'task': 'listops', 'test': {'accuracy': 0.5}}))
+  damage(path, how)
+  with pytest.raises(UserError) as e:
+    rundir.load_json(str(path))
+  said = str(e.value)
+  assert said.startswith(f'{path} ') and '\n' not in said, said
+  assert rundir.load_json(str(tmp_path / 'missing.json')) is None
+
+
+@pytest.mark.parametrize('how', ['directory', 'binary', 'wrong_type'])
+def test_a_metrics_log_that_is_none_is_one_sentence(tmp_path, how):
+  from lra.train.metrics import read_rows  # pylint: disable=g-import-not-at-top
+
+  path = tmp_path / 'metrics.jsonl'
+  damage(path, how)
+  if how == 'wrong_type':  # lines of JSON, none a row
+    path.write_text('[1]\n"x"\n3\n')
+  with pytest.raises(UserError) as e:
+    read_rows(str(path))
+  assert str(e.value).startswith(f'{path} '), str(e.value)
+
+
+@pytest.mark.parametrize('how', DAMAGES)
+def test_a_damaged_sweep_json_is_one_sentence_and_kept(tmp_path, how):
+  from lra.sweep import runner  # pylint: disable=g-import-not-at-top
+
+  os.makedirs(tmp_path / 'out')
+  path = tmp_path / 'out' / 'sweep.json'
+  path.write_text(json.dumps({'runs': [{'name': 'a', 'status': 'done'}]}))
+  damage(path, how)
+  before = tree(tmp_path / 'out')
+  with pytest.raises(UserError) as e:
+    runner.earlier_entries(str(tmp_path / 'out'))
+  assert str(path) in str(e.value)
+  with pytest.raises(UserError) as e:  # as the archive's --sweep or --out
+    sweep_archive.archive(str(tmp_path / 'out'), str(tmp_path / 'arch'))
+  assert str(path) in str(e.value) or 'no sweep.json with runs' in str(e.value)
+  assert tree(tmp_path / 'out') == before
+
+
+@pytest.mark.parametrize('how', DAMAGES)
+def test_the_table_names_a_damaged_results_json(tmp_path, smoke_run, how):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from lra.report import tables  # pylint: disable=g-import-not-at-top
+
+  shutil.copytree(smoke_run, tmp_path / 'runs' / 'a')
+  damage(tmp_path / 'runs' / 'a' / 'results.json', how)
+  with pytest.raises(UserError) as e:
+    tables.read_runs(str(tmp_path / 'runs'))
+  assert str(tmp_path / 'runs' / 'a' / 'results.json') in str(e.value)
+
+
+@pytest.mark.parametrize(
+  'name, how',
+  [
+    ('config.json', 'directory'),
+    ('config.json', 'binary'),
+    ('metrics.jsonl', 'binary'),
+    ('metrics.jsonl', 'directory'),
+    ('results.json', 'truncated'),
+  ],
+)
+def test_a_resume_over_a_damaged_file_is_one_sentence_and_keeps_it(
+  tmp_path, smoke_run, smoke_data_dir, name, how
+):
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  from conftest import SMOKE  # pylint: disable=g-import-not-at-top
+
+  workdir = tmp_path / 'run'
+  shutil.copytree(smoke_run, workdir)
+  if name != 'results.json':
+    os.remove(workdir / 'results.json')  # a run to resume, not finished
+  damage(workdir / name, how)
+  before = tree(workdir / 'checkpoints')
+  damaged = (
+    tree(workdir / name)
+    if how == 'directory'
+    else (workdir / name).read_bytes()
+  )
+  proc = run_module(
+    'train.py', f'--config={SMOKE}', f'--workdir={workdir}',
+    f'--config.data_dir={smoke_data_dir}', timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('error: ') and str(workdir / name) in line, line
+  assert tree(workdir / 'checkpoints') == before
+  after = (
+    tree(workdir / name)
+    if how == 'directory'
+    else (workdir / name).read_bytes()
+  )
+  assert after == damaged

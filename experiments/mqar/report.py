@@ -38,7 +38,6 @@ before the end" with its best validation accuracy.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -226,10 +225,9 @@ def _evaluated_test(workdir):
   """Test accuracy (%) of eval.py's evaluation of the run's best
   checkpoint (workdir/eval_test_best.json), or None."""
   path = os.path.join(workdir, 'eval_test_best.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    accuracy = json.load(f).get('accuracy')
+  accuracy = (rundir.load_json(path) or {}).get('accuracy')
+  if accuracy is not None and not isinstance(accuracy, (int, float)):
+    raise UserError(f'{path} holds accuracy {accuracy!r}, not a number.')
   return None if accuracy is None else 100 * accuracy
 
 

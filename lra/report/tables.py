@@ -229,7 +229,8 @@ def read_runs(runs_dir: str) -> list[dict]:
     workdir = os.path.dirname(path)
     results = rundir.read_results(workdir)
     if results is None:
-      raise UserError(f'{path} is not valid JSON; rerun or remove that run.')
+      why = rundir.damage(path) or 'is not a JSON object'
+      raise UserError(f'{path} {why}; rerun or remove that run.')
     if rundir.is_lm_run(results):
       continue  # a pretraining run (causal_lm, masked_lm): no class accuracy
     config = rundir.read_config(workdir)

@@ -38,7 +38,7 @@ FLAGS = flags.FLAGS
 
 
 def _sweep_json(folder: str, what: str) -> dict:
-  data = rundir.read_json(os.path.join(folder, 'sweep.json'))
+  data = rundir.load_json(os.path.join(folder, 'sweep.json'))
   if not isinstance(data, dict) or not isinstance(data.get('runs'), list):
     raise UserError(
       f'{what} {folder}: no sweep.json with runs in it; give the --out '

@@ -41,7 +41,7 @@ def measured_rate(workdir: str) -> float | None:
   path = os.path.join(workdir, 'metrics.jsonl')
   try:
     rows = read_rows(path)
-  except (OSError, ValueError):
+  except (OSError, ValueError, UserError):  # a rate is a hint: none
     return None
   rates = [
     r['steps_per_sec']
@@ -144,10 +144,21 @@ def same_config(run: Run, config) -> bool:
 def earlier_entries(out: str) -> dict:
   """{run name: entry} of the sweep.json an earlier sweep wrote into `out`
   ({} when there is none)."""
-  previous = rundir.read_json(os.path.join(out, 'sweep.json'))
-  if not isinstance(previous, dict):
+  # A damaged sweep.json is one sentence, not {}: the sweep rewrites the
+  # file, and would drop every earlier record in it.
+  path = os.path.join(out, 'sweep.json')
+  previous = rundir.load_json(
+    path,
+    what='restore it or move it away (the sweep rewrites it), then run again.',
+  )
+  if previous is None:
     return {}
-  return {e['name']: e for e in previous.get('runs', []) if 'name' in e}
+  runs = previous.get('runs', [])
+  if not isinstance(runs, list):
+    raise UserError(
+      f'{path} holds runs that are not a list; restore it or move it away.'
+    )
+  return {e['name']: e for e in runs if isinstance(e, dict) and 'name' in e}
 
 
 def diverged_before(run: Run, config, before: dict | None) -> bool:

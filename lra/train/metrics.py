@@ -33,9 +33,10 @@ class MetricsLog:
     if tensorboard:
       self.tensorboard = TensorBoard.open(workdir, resume_step)
     saved = os.path.join(workdir, 'config.json')
-    if config is None and os.path.exists(saved):
-      with open(saved) as f:
-        config = json.load(f)
+    if config is None and os.path.lexists(saved):
+      from lra.train import rundir  # pylint: disable=g-import-not-at-top
+
+      config = rundir.load_json(saved)
     self.wandb = WandbLog.open(workdir, config or {}, resume_step)
     rows = read_rows(self.path) if os.path.exists(self.path) else []
     if resume_step is not None:
@@ -212,20 +213,45 @@ class StepTimer:
 
 def read_rows(path):
   """The rows of a metrics.jsonl file. A line that is not a JSON object (a
-  torn last line after a crash mid-write) is skipped with one warning."""
+  torn last line after a crash mid-write) is skipped with one warning; a
+  file that is no metrics log at all (a directory, binary bytes, no row
+  of it readable) is one sentence naming it (UserError): a resume would
+  otherwise rewrite it with nothing in it."""
   rows, torn = [], []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except ValueError:
-        row = None
-      if isinstance(row, dict) and 'step' in row:
-        rows.append(row)
-      else:
-        torn.append(number)
+  try:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  except OSError as e:
+    why = 'is a directory' if os.path.isdir(path) else 'cannot be read'
+    raise UserError(
+      f'{path} {why} ({e.strerror or e}), not a metrics log; restore it or '
+      'move it away, then run again.'
+    ) from None
+  try:
+    text = raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    line = raw.count(b'\n', 0, e.start) + 1
+    raise UserError(
+      f'{path} holds binary bytes (line {line}), not a metrics log of '
+      'JSON rows; restore it or move it away, then run again.'
+    ) from None
+  for number, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except ValueError:
+      row = None
+    if isinstance(row, dict) and isinstance(row.get('step'), int):
+      rows.append(row)
+    else:
+      torn.append(number)
+  if torn and not rows and len(torn) > 1:
+    raise UserError(
+      f'{path} has no readable row ({len(torn)} lines, none a JSON row '
+      'with a step): not a metrics log; restore it or move it away, then '
+      'run again.'
+    )
   if torn:
     print(
       f'warning: {path}: skipped {len(torn)} damaged line(s) (line '

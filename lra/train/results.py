@@ -5,7 +5,6 @@ results.json's fields are listed in train.py's docstring
 (lra/train/main.py) and read by lra/train/rundir.py.
 """
 
-import json
 import os
 
 from ml_collections import ConfigDict
@@ -24,10 +23,14 @@ def finished_results(workdir: str, start: int, config: ConfigDict):
   else None."""
   path = os.path.join(workdir, 'results.json')
   if start >= config.num_train_steps and os.path.exists(path):
+    results = rundir.load_json(
+      path,
+      what='move it away and run the same command to measure the test '
+      'splits again from the checkpoints.',
+    )
     if processes.is_primary():
       print(f'{workdir} already finished {start} steps; see results.json.')
-    with open(path) as f:
-      return json.load(f)
+    return results
   return None
 
 

@@ -92,6 +92,60 @@ def read_json(path: str) -> Any | None:
     return None
 
 
+def damage(path: str) -> str | None:
+  """Why the file at `path` cannot be read as JSON ('is a directory',
+  'is not UTF-8 text (binary bytes)', 'is not valid JSON (line 3,
+  column 9)', 'cannot be read: Permission denied'), or None when it reads
+  (or is missing)."""
+  if not os.path.lexists(path):
+    return None
+  if os.path.isdir(path):
+    return 'is a directory, not a file'
+  try:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  except OSError as e:
+    return f'cannot be read ({e.strerror or e})'
+  try:
+    text = raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    return f'is not UTF-8 text (binary bytes at byte {e.start})'
+  if not text.strip():
+    return 'is empty'
+  try:
+    json.loads(text)
+  except ValueError as e:
+    line, col = getattr(e, 'lineno', None), getattr(e, 'colno', None)
+    where = f' (line {line}, column {col})' if line else ''
+    return f'is not valid JSON{where}: truncated or damaged'
+  return None
+
+
+def load_json(path: str, kind: type | None = dict, what: str = '') -> Any:
+  """The JSON in `path` (None when the file is missing); UserError naming
+  the file and the damage when it exists but is not readable JSON, or not
+  of `kind` (dict: a JSON object; list; None: any). For readers that must
+  not take a damaged file for a missing one (a resume, a merge that would
+  rewrite it). what: the advice (default: restore or move it away)."""
+  why = damage(path)
+  if why is None and os.path.lexists(path):
+    with open(path) as f:
+      data = json.load(f)
+    if kind is None or isinstance(data, kind):
+      return data
+    names = {dict: 'a JSON object', list: 'a JSON list'}
+    why = (
+      f'holds {type(data).__name__} {str(data)[:40]!r}, not '
+      f'{names.get(kind, kind.__name__)}'
+    )
+  if why is None:
+    return None
+  raise UserError(
+    f'{path} {why}; '
+    + (what or 'restore it from a copy or move it away, then run again.')
+  )
+
+
 def read_results(workdir: str) -> dict | None:
   """workdir/results.json, or None (no finished run, or unreadable)."""
   results = read_json(os.path.join(workdir, RESULTS))
