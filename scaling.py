@@ -6,18 +6,12 @@ The code and every flag are in lra/bench/scaling.py (its docstring); this
 file is its entry point in a checkout (installed: lra-scaling).
 """
 
-import os
-import signal
-import sys
+from lra.train.interrupt import on_ctrl_c_exit
 
-# Ctrl-C before the entry point's own handling starts (imports, start-up):
-# one line, exit 130, no traceback (run as a script; importing it sets
-# nothing).
+# Ctrl-C while the program loads: one line, exit 130 (importing this file
+# sets nothing).
 if __name__ == '__main__':
-  signal.signal(
-    signal.SIGINT,
-    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
-  )
+  on_ctrl_c_exit()
 
 from lra.bench.scaling import run
 

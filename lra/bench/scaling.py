@@ -14,18 +14,13 @@ XLA's compiled temporary memory (exact: its buffer assignment), arguments
 took. Nothing is allocated, so the paper's width at 4K fits any machine.
 """
 
-import os
-import signal
-import sys
+from lra.train.interrupt import on_ctrl_c_exit
 
-# Ctrl-C before the entry point's own handling starts (imports, start-up):
-# one line, exit 130, no traceback (run as `python -m lra.bench.scaling`;
-# importing it sets nothing; scaling.py sets the same).
+# Ctrl-C while the program loads: one line, exit 130 (run as `python -m
+# lra.bench.scaling`; importing it sets nothing; scaling.py sets the same).
 if __name__ == '__main__':
-  signal.signal(
-    signal.SIGINT,
-    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
-  )
+  on_ctrl_c_exit()
+
 
 import time
 

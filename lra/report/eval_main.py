@@ -39,20 +39,15 @@ A checkpoint is opened by lra.load_run (lra/train/load.py): one step lookup
 and one set of error sentences for the program and the library.
 """
 
-import os
-import signal
-import sys
+from lra.train.interrupt import on_ctrl_c_exit
 
-# Ctrl-C before the entry point's own handling starts (imports, start-up):
-# one line, exit 130, no traceback (run as `python -m lra.report.eval_main`;
-# importing it sets nothing; eval.py sets the same).
+# Ctrl-C while the program loads: one line, exit 130 (run as `python -m
+# lra.report.eval_main`; importing it sets nothing; eval.py sets the same).
 if __name__ == '__main__':
-  signal.signal(
-    signal.SIGINT,
-    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
-  )
+  on_ctrl_c_exit()
 
 import json
+import os
 import re
 
 from absl import flags

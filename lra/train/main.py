@@ -33,19 +33,15 @@ the first steps on shorter crops (lra/train/curriculum.py; each train row of
 metrics.jsonl then records its `length`).
 """
 
-import os
-import signal
-import sys
+from lra.train.interrupt import on_ctrl_c_exit
 
-# Ctrl-C before the entry point's own handling starts (imports, start-up):
-# one line, exit 130, no traceback (run as `python -m lra.train.main`;
-# importing it sets nothing; train.py sets the same).
+# Ctrl-C while the program loads: one line, exit 130 (run as `python -m
+# lra.train.main`; importing it sets nothing; train.py sets the same).
 if __name__ == '__main__':
-  signal.signal(
-    signal.SIGINT,
-    lambda *_: (print('Interrupted.', file=sys.stderr), os._exit(130)),
-  )
+  on_ctrl_c_exit()
 
+import os
+import sys
 from typing import Callable
 
 from absl import flags
