@@ -145,15 +145,16 @@ def test_plain_lines_when_not_a_terminal(monkeypatch):
   assert etas == sorted(etas, reverse=True) and etas[0] != etas[-1]
 
 
-def test_train_written_to_a_pipe_has_no_cursor_codes(tmp_path, smoke_data_dir):
-  """train.py with its output captured: plain lines only."""
+def test_train_written_to_a_pipe_has_no_cursor_codes(tmp_path):
+  """train.py with its output captured, generating its data first: plain
+  lines only."""
   proc = subprocess.run(
     [
       sys.executable,
       'train.py',
       '--config=configs/listops.py:transformer,smoke',
       f'--workdir={tmp_path / "run"}',
-      f'--config.data_dir={smoke_data_dir}',
+      f'--config.data_dir={tmp_path / "data"}',
     ],
     cwd=ROOT,
     capture_output=True,
@@ -164,4 +165,5 @@ def test_train_written_to_a_pipe_has_no_cursor_codes(tmp_path, smoke_data_dir):
   for text in (proc.stdout, proc.stderr):
     assert '\r' not in text and '\x1b[' not in text
   assert re.search(r'^train step \d+/\d+ \(\d+%\)', proc.stdout, re.M)
+  assert 'Preparing the listops data in ' in proc.stderr
   assert 'Results: ' in proc.stdout

@@ -61,6 +61,7 @@ and any task may provide
 import dataclasses
 import importlib
 import os
+import sys
 
 from lra.data import cache
 from lra.errors import UserError
@@ -131,7 +132,9 @@ class Task:
     """Returns the cache dir, preparing it first if it is incomplete. One
     process prepares a cache at a time (an advisory lock beside it, as
     sweeps with --jobs start several trainings of one task at once); the
-    others wait, then find it complete."""
+    others wait, then find it complete. `progress`: progress bars on a
+    terminal; on a file or a pipe one plain line instead (a bar there is
+    carriage returns)."""
     options = self.resolved(data_dir, options)
     path = self.cache_dir(data_dir, options)
     extra = self.extra_test_splits(options).values()
@@ -146,7 +149,15 @@ class Task:
       return path
     with cache.preparing(path, progress):
       if not ready():
-        self._module().prepare(path, data_dir, options, progress)
+        isatty = getattr(sys.stderr, 'isatty', None)
+        bars = progress and bool(isatty and isatty())
+        if progress and not bars:
+          print(
+            f'Preparing the {self.name} data in {path} ...',
+            file=sys.stderr,
+            flush=True,
+          )
+        self._module().prepare(path, data_dir, options, bars)
     return path
 
 
