@@ -4,8 +4,9 @@ attention layer alone.
   python benchmark.py --out runs/bench          # every model, 1K-4K
   python benchmark.py --layer --models transformer,local --out runs/layer
 
-The measurement code and every flag are in lra/bench/main.py (its
-docstring) and docs/benchmarking.md; this file is its entry point.
+Every flag is in lra/bench/main.py (its docstring) and
+docs/benchmarking.md, the measurement in lra/bench/measure.py; this file
+is its entry point.
 """
 
 from lra.train.interrupt import on_ctrl_c_exit
@@ -15,7 +16,7 @@ from lra.train.interrupt import on_ctrl_c_exit
 if __name__ == '__main__':
   on_ctrl_c_exit()
 
-# The measurement code is lra/bench/main.py; this file is its entry point.
+# The command line is lra/bench/main.py; this file is its entry point.
 from lra.bench.main import run
 
 if __name__ == '__main__':
