@@ -15,87 +15,36 @@ r"""The LRA speed/memory table (Table 2), and any config's training step.
 Each cell (model, length) times full training steps (forward, backward and
 AdamW update) of the byte-level Text classifier (configs/text.py, max_length
 = length) on random bytes, so no data set is needed: steps/s, the compiled
-step's memory from XLA's memory analysis, FLOPs, examples/s, tokens/s and
-MFU (lra/bench/measure.py says how each is measured).
+step's memory (XLA's memory analysis), FLOPs, examples/s, tokens/s and MFU
+(lra/bench/measure.py). docs/benchmarking.md is the manual; in short:
 
---config configs/<task>.py:<model>[,preset] (parsed as train.py parses it,
-with any --config.<key>=<value> overrides) makes the cell that config's
-training step at its own batch size and length, on random inputs of the
-shapes train.py's batches have (loop.training_batch on random data: two
-documents for retrieval, a label per position for mqar, an LM objective's
-masked inputs). --models a,b then runs the same config file, presets and
-overrides for each model; --lengths (when given) sets max_length per cell,
---batch_size and --dtype override the config's.
-
---layer times ONE attention layer instead of a training step
-(lra/bench/layer.py): an attention core alone on q, k, v [B, L, H, D]
-or a sequence mixer alone on x [B, L, E], each model's options from
-lra/train/options.py, forward and forward + backward (grad of the sum of
-the output w.r.t. the inputs and parameters), every model of a length in
-alternating rounds in this one process; median ms with min and max, XLA's
-compiled temp memory of both programs, ratios to 'transformer'. Sizes:
---layer_batch (2), --layer_heads (4), --layer_head_dim (64),
---layer_rounds (10), --warmup (1); --models, --lengths, --dtype, --baselines
-as below. Writes layer.json and layer.md to --out.
-
---models: 'all' (every known model, lra/train/options.py; the default) or
-a list, measured exactly as listed (the grammar of lra/train/names.py:
-'all,-name' drops one). --baselines adds the exact baselines
-'transformer' (einsum softmax, as LRA measured) and 'transformer_fused'
-(jax.nn.dot_product_attention) in front; it is on by default only when
---models is not given ('-name' drops one). The tables' (x) ratios are to
-'transformer' when it was measured; without it they are left out, and the
-table says so.
-
---ceiling adds a row named 'ceiling', measured first in the same run: the
-transformer's Text config with model.attention = {'name': 'none'} (out = v,
-no token mixing; models/attention/none.py), the fastest and smallest any
-attention could be at that width. The table then also gives every model's
-speed and memory as a fraction of it. The ceiling is not a model name
-(lra/train/options.py): it is never trained, and eval.py --table never
-shows it.
-
-Presets (explicit --batch_size/--steps/--warmup override them):
-  paper: the Text reference model (4 layers, emb 256, qkv 256, mlp 1024,
-    4 heads), batch 32, 20 timed steps after 3 warm-up steps. All 32 sit
-    on this machine's devices, where the paper split them over 16 TPU v3
-    chips (about 2 per chip) and gave memory per device: only ratios to the
-    transformer compare; --batch_size 2 is the per-chip comparison.
-  cpu (the default on CPU): 2 layers, emb 64, qkv 64, mlp 128, 2 heads,
-    batch 2, 5 timed steps after 1 warm-up; 1K-4K in minutes on 2 cores.
-  tiny: 1 layer, emb 16, batch 2, 2 + 1 steps; for tests.
-A --config cell takes its steps and warm-up from the default preset (cpu
-on CPU, paper elsewhere) unless --steps/--warmup are given.
-
---mode:
-  latency (the default): every step is waited for (block_until_ready) and
-    timed on its own; steps/s is the median, with min and max.
-  throughput: the timed steps are dispatched back to back and waited for
-    once at the end: steps/s = steps / that time (what training sees when
-    the host runs ahead of the device).
-  loop (needs --config): the real training loop (train.py's
-    train_and_evaluate on the config's data: two stretches of
-    log_every_steps to warm up, then the timed steps; evaluation and
-    checkpoints only after the last step, which its steps/s timer leaves
-    out) against the bare compiled step's throughput on the same shapes in
-    the same process: loop_steps_per_sec, bare_steps_per_sec and
-    loop_over_bare. The loop's rate is from metrics.jsonl's train rows
-    after the two warm-up stretches (loop_rate). --loop_rounds (3) pairs
-    of (bare, loop) run one after the other; the row gives the medians
-    (loop_over_bare: the median of the rounds' ratios) and each round in
-    loop_rounds, since a shared CPU's speed drifts more between runs than
-    the gap measured.
-
---cell_timeout_s (default 300): each cell runs in its own process, killed
-past the deadline and recorded with status 'timeout'; the run goes on
-(lra/bench/isolate.py). --cell_timeout_s=0 runs every cell in this process
-without a deadline. --peak_flops: one device's peak FLOP/s for the MFU
-(default: the device kind's datasheet value, unknown on CPU).
-
---dtype bfloat16 computes every cell in bfloat16 (params stay float32). Each
-row's fused_attention_kernel is 'cudnn' when the compiled step calls cuDNN's
-fused attention (transformer_fused on an NVIDIA GPU in bfloat16), and the
-table names those models.
+  --config FILE:MODEL[,preset]  that config's training step instead (with
+      its --config.* overrides, its batch and length), on random inputs of
+      a training batch's shapes; --models runs it for each model.
+  --layer  one attention core or mixer alone, forward and forward +
+      backward, every model of a length in alternating rounds
+      (lra/bench/layer.py; sizes --layer_batch/_heads/_head_dim/_rounds).
+  --models  'all' (the default) or a list, measured as listed (the grammar
+      of lra/train/names.py); --baselines puts 'transformer' (einsum, as
+      LRA measured) and 'transformer_fused' in front (on by default only
+      when --models is not given). Ratios are to 'transformer' when it was
+      measured.
+  --ceiling  a first row 'ceiling': the transformer's Text config with
+      attention 'none' (out = v; models/attention/none.py), the fastest any
+      attention could be at that width; never trained, never in --table.
+  --preset  paper (the Text reference model, batch 32 on this machine's
+      devices where the paper split it over 16 TPU v3 chips: only ratios
+      compare), cpu (the default on CPU: 2 layers, width 64, batch 2) or
+      tiny (tests); cells.py PRESETS. --batch_size/--steps/--warmup win.
+  --mode  latency (each step waited for and timed; the median), throughput
+      (steps back to back, one wait) or loop (needs --config: train.py's
+      loop against the bare step, --loop_rounds pairs side by side).
+  --cell_timeout_s  each cell in its own process, killed past the deadline
+      and recorded as 'timeout' (lra/bench/isolate.py); 0: in this process.
+  --dtype bfloat16  every cell in bfloat16 (params float32); a row's
+      fused_attention_kernel says when cuDNN's fused attention ran.
+  --peak_flops  one device's peak FLOP/s for the MFU (default: measure.py
+      PEAK_FLOPS by device kind; unknown on CPU).
 
 Writes to --out: benchmark.json (one row per cell, rewritten after each
 cell, so a killed run keeps what it measured), benchmark.md (Table 2
