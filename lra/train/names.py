@@ -28,10 +28,9 @@ def select_names(
   """
   known = tuple(known)
   items = [s.strip() for s in spec.split(',') if s.strip()]
-  drop = {s[1:] for s in items if s.startswith('-')}
   keep = [s for s in items if not s.startswith('-')]
-  drops = [s[1:] for s in items if s.startswith('-')]
-  bad = [n for n in [*first, *keep, *drops] if n not in known and n != 'all']
+  drop = [s[1:] for s in items if s.startswith('-')]
+  bad = [n for n in [*first, *keep, *drop] if n not in known and n != 'all']
   if bad:
     raise UserError(
       f'Unknown {noun} {bad[0]!r} in {flag}; valid: all, {", ".join(known)}.'
