@@ -130,3 +130,112 @@ def test_the_packages_own_config_errors_keep_their_sentences():
 
   with pytest.raises(UserError, match="^Unknown model 'nosuch'"):
     cli.config_from_argv(['train.py', '--config=configs/listops.py:nosuch'])
+
+
+# ------------------------------------------ options that do not apply
+def checked(model, *flags, task='listops', preset='smoke'):
+  """The config train.py would run for these flags, checked as train.py
+  checks it (UserError when it refuses)."""
+  from lra.train import cli  # pylint: disable=g-import-not-at-top
+  from lra.train import config as config_loader  # pylint: disable=g-import-not-at-top
+
+  spec = f'configs/{task}.py:{model}' + (f',{preset}' if preset else '')
+  config = cli.config_from_argv(['train.py', f'--config={spec}', *flags])
+  config_loader.check(config)
+  return config
+
+
+@pytest.mark.parametrize(
+  'model, flag',
+  [
+    ('transformer', '--config.ssm_learning_rate=0.01'),
+    ('performer', '--config.ssm_weight_decay=0.1'),
+    ('mamba', '--config.ssm_weight_decay=0.1'),  # without ssm_learning_rate
+    ('transformer', '--config.model.norm=batch'),
+    ('s4d', '--config.model.prenorm=False'),  # s4d here: transformer block
+    ('transformer', '--config.model.segment_length=24'),
+    ('longformer', '--config.model.segment_remat=True'),
+    ('transformer', '--config.mask_rate=0.3'),
+    ('transformer', '--config.model.tie_lm_head=False'),
+    ('transformer', '--config.init_from_checkpoint=latest'),
+  ],
+)
+def test_an_option_that_does_not_apply_is_one_sentence(model, flag):
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(UserError) as e:
+    checked(model, flag)
+  said = str(e.value)
+  key = flag.split('=')[0]
+  assert said.startswith(f'{flag} does not apply to this run'), said
+  assert key in said and 'drop the flag' in said
+
+
+@pytest.mark.parametrize(
+  'model, flags',
+  [
+    ('s4d', ['--config.ssm_learning_rate=0.001']),
+    ('mamba', ['--config.ssm_learning_rate=0.001',
+               '--config.ssm_weight_decay=0.0']),
+    ('s5', ['--config.model.block=ssm', '--config.model.norm=batch']),
+    ('transformer_xl', ['--config.model.segment_length=16']),
+    ('transformer', ['--config.objective=masked_lm', '--config.mask_rate=0.3',
+                     '--config.model.tie_lm_head=False']),
+    ('transformer', ['--config.init_from=/somewhere',
+                     '--config.init_from_checkpoint=latest']),
+  ],
+)  # fmt: skip
+def test_the_same_options_where_they_apply_pass(model, flags):
+  checked(model, *flags)
+
+
+@pytest.mark.parametrize(
+  'flag',
+  [
+    '--config.model.embed_std=nan',
+    '--config.learning_rate=inf',
+    '--config.weight_decay=-inf',
+    '--config.model.dropout_rate=nan',
+    '--config.adam_eps=nan',
+    '--config.checkpoint_every_minutes=inf',
+  ],
+)
+def test_a_non_finite_option_is_refused_before_training(flag):
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(UserError) as e:
+    checked('transformer', flag)
+  assert flag.split('=')[0] in str(e.value)
+  assert 'not finite' in str(e.value) or 'finite number' in str(e.value)
+  assert 'diverged' not in str(e.value)
+
+
+def test_non_finite_attention_options_are_refused_too():
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+  from lra.train import options  # pylint: disable=g-import-not-at-top
+  from models.attention import registry  # pylint: disable=g-import-not-at-top
+
+  for model in ('performer', 'mamba', 's4d', 'linear_transformer', 'hyena'):
+    floats = [
+      k for k, v in registry.options_of(options.core_of(model)).items()
+      if isinstance(v, float)
+    ]  # fmt: skip
+    for key in floats[:2]:
+      with pytest.raises(UserError, match='finite'):
+        checked(model, f'--config.model.attention.{key}=nan')
+
+
+def test_train_refuses_them_in_one_line_and_creates_nothing(tmp_path):
+  for flag in (
+    '--config.ssm_learning_rate=0.01',
+    '--config.model.embed_std=nan',
+  ):
+    proc = subprocess.run(
+      [sys.executable, 'train.py', f'--config={SMOKE}',
+       f'--workdir={tmp_path / "run"}', flag],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f'error: {flag}'), line
+    assert not (tmp_path / 'run').exists()

@@ -30,7 +30,7 @@ from ml_collections.config_flags import config_flags as config_file_flags
 
 import configs
 from lra.errors import UserError
-from lra.train import options, validate
+from lra.train import applicable, options, validate
 
 
 def configs_dir() -> str:
@@ -181,6 +181,18 @@ def check(config: ml_collections.ConfigDict) -> None:
   does not take (lra/train/options.py)."""
   validate.check_config(config)
   options.check_attention(config)
+  applicable.check(config, _reference(config))
+
+
+def _reference(config) -> ml_collections.ConfigDict | None:
+  """The task file's config of the run's model and presets (what the
+  command gives without --config.* flags), or None when it does not build
+  (a config file of one's own)."""
+  spec = ','.join([config.model_name, *filter(None, [config.preset])])
+  try:
+    return task_config(config.task, spec)
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
 def predated_defaults(config) -> ml_collections.ConfigDict:

@@ -117,8 +117,35 @@ def pixel_length(task, options):
   return None
 
 
+def _leaves(config, prefix=''):
+  """(dotted key, value) of every field of a ConfigDict, lists' items
+  included (a per-layer option)."""
+  for key, value in config.items():
+    dotted = f'{prefix}{key}'
+    if hasattr(value, 'items'):
+      yield from _leaves(value, f'{dotted}.')
+    elif isinstance(value, (list, tuple)):
+      for item in value:
+        yield dotted, item
+    else:
+      yield dotted, value
+
+
+def check_finite(config):
+  """UserError naming the first float field that is nan or inf: no field
+  takes one (a rate of inf trains nothing, a nan initialises nan weights
+  and would be reported as a diverged learning rate)."""
+  for key, value in _leaves(config):
+    if isinstance(value, float) and not math.isfinite(value):
+      raise UserError(
+        f'{_flag(key, value)} is not a finite number; give a finite value '
+        '(no field of the config takes nan or inf).'
+      )
+
+
 def check_config(config):
   """Raises UserError (one sentence) for the first invalid field."""
+  check_finite(config)
   task = tasks.get_task(config.task)
   options = config.data.to_dict()
   task.cache_dir('', options)  # the task's own data-option checks
