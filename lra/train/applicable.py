@@ -110,3 +110,14 @@ def check(config, reference) -> None:
       f'--config.{key}={value} does not apply to this run ({model}, '
       f'{config.task}): it is read only with {where}; drop the flag.'
     )
+
+
+def check_kernels(config) -> None:
+  """A compiled kernel the config demands (Mamba's scan_kernel=native)
+  that cannot run here is one sentence now, before the workdir exists,
+  not at the first step's compilation (models/mixers/mamba.py scan_for;
+  'auto' falls back to the XLA scan by itself)."""
+  if config.model.attention.get('scan_kernel') == 'native':
+    from models.mixers import mamba  # pylint: disable=g-import-not-at-top
+
+    mamba.scan_for('native')

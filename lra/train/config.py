@@ -182,6 +182,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   validate.check_config(config)
   options.check_attention(config)
   applicable.check(config, _reference(config))
+  applicable.check_kernels(config)
 
 
 def _reference(config) -> ml_collections.ConfigDict | None:

@@ -110,12 +110,18 @@ def check_best(
   return no_best
 
 
-def check_inputs(config: ConfigDict, workdir: str) -> str:
-  """Everything the user can get wrong, checked before the workdir exists;
-  returns the model selection (lra/train/metrics.py)."""
+def check_inputs(
+  config: ConfigDict, workdir: str, allow_foreign: bool = False
+) -> str:
+  """Everything the user can get wrong, checked before the workdir exists
+  (a folder of someone else's files too, unless `allow_foreign`:
+  rundir.check_not_foreign); returns the model selection
+  (lra/train/metrics.py)."""
   config_loader.check(config)
   select = selection(config)
   validate.check_dir(workdir, '--workdir')
+  if not allow_foreign:
+    rundir.check_not_foreign(workdir)
   if config.data_dir:
     validate.check_dir(config.data_dir, '--config.data_dir', writable=False)
   else:
@@ -392,22 +398,45 @@ def train_and_evaluate(
   config: ConfigDict,
   workdir: str,
   on_step: Callable[[int, Checkpoints], None] | None = None,
+  allow_foreign_workdir: bool = False,
 ) -> dict:
   """Trains, validates and tests one run in `workdir` (resuming it when it
   has checkpoints); returns results.json's contents. on_step(step, ckpt),
-  when given, is called after each step (tests: a kill at a chosen step)."""
-  select = check_inputs(config, workdir)
+  when given, is called after each step (tests: a kill at a chosen step).
+  allow_foreign_workdir: train in a folder that holds other files
+  (--allow_foreign_workdir; refused otherwise)."""
+  select = check_inputs(config, workdir, allow_foreign_workdir)
   t, changes = make_trainer(config, workdir)
   fresh = not os.path.exists(workdir)
-  with workdir_lock(workdir, processes.is_primary()):
-    try:
-      return run(t, workdir, select, changes, on_step)
-    except Exception as e:  # pylint: disable=broad-except
-      if not out_of_memory(e):
-        raise
-      if fresh and not any(saved_steps(workdir).values()):
-        shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is kept
-      raise memory_error(config) from None
+  try:
+    with workdir_lock(workdir, processes.is_primary()):
+      try:
+        return run(t, workdir, select, changes, on_step)
+      except Exception as e:  # pylint: disable=broad-except
+        if not out_of_memory(e):
+          raise
+        if fresh and not any(saved_steps(workdir).values()):
+          shutil.rmtree(workdir, ignore_errors=True)  # nothing of it is kept
+        raise memory_error(config) from None
+  except OSError as e:  # a write outside the loop's own (the start, the end)
+    raise start_failed(e, workdir) from None
+
+
+def start_failed(e: OSError, workdir: str) -> UserError:
+  """The one sentence for a write that failed outside the training loop
+  (the lock, config.json, the metrics log, the first checkpoint's folders,
+  results.json): every write there goes through a temp file and a rename
+  or only adds, so what the workdir held is whole."""
+  space = e.errno == errno.ENOSPC
+  why = 'no space left on device' if space else (e.strerror or str(e))
+  where = f' ({e.filename})' if e.filename else ''
+  kept = rundir.latest_step(workdir)
+  held = f'its checkpoints (latest: step {kept})' if kept else 'what it held'
+  return UserError(
+    f'Writing to {workdir} failed{where}: {why}; {held} are intact: '
+    f'{"free some disk space" if space else "fix the cause"} and run the '
+    'same command to resume.'
+  )
 
 
 def memory_error(config: ConfigDict) -> UserError:

@@ -64,7 +64,20 @@ def define_flags():
     "model.attention option in its core's module docstring); --print_config "
     'prints the resolved config with those comments.',
   )
-  flags.DEFINE_string('workdir', None, 'Run directory.')
+  flags.DEFINE_string(
+    'workdir',
+    None,
+    'Run directory: new, empty, or a run of this project (resumed).',
+  )
+  flags.DEFINE_bool(
+    'allow_foreign_workdir',
+    False,
+    'Train in a --workdir that holds files other than a run of this '
+    'project (without it such a folder is refused: a run there would '
+    "overwrite a config.json or metrics.jsonl of someone else's). A run "
+    'of this project is a folder with the config.json train.py writes, or '
+    'its metrics.jsonl, or its checkpoints/.',
+  )
   flags.DEFINE_bool(
     'print_config',
     False,
@@ -132,7 +145,10 @@ def main(argv):
   try:
     cli.initialize_processes()
     loop.train_and_evaluate(
-      config, workdir, kill_after(flags.FLAGS.stop_after_steps)
+      config,
+      workdir,
+      kill_after(flags.FLAGS.stop_after_steps),
+      allow_foreign_workdir=flags.FLAGS.allow_foreign_workdir,
     )
   except UserError as e:
     cli.exit_with_error(e)

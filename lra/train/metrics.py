@@ -43,9 +43,17 @@ class MetricsLog:
       rows = [r for r in rows if r['step'] <= resume_step]
     else:
       rows = []
-    with open(self.path, 'w') as f:
-      for r in rows:
-        f.write(json.dumps(r) + '\n')
+    # Rewritten through a temp file and a rename: a full disk here keeps
+    # the old log whole (an open('w') would have emptied it first).
+    tmp = self.path + '.tmp'
+    try:
+      with open(tmp, 'w') as f:
+        for r in rows:
+          f.write(json.dumps(r) + '\n')
+      os.replace(tmp, self.path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
 
   def write(self, step, split, **values):
     row = {'step': int(step), 'split': split, **values}
@@ -262,10 +270,17 @@ def read_rows(path):
 
 
 def write_json(path, obj):
+  """Writes `obj` to `path` through a temp file and a rename (a reader
+  never sees half a file; a failed write, e.g. a full disk, leaves the old
+  file whole and no temp file behind)."""
   tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(obj, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 # ------------------------------------------------------- model selection

@@ -146,6 +146,91 @@ def load_json(path: str, kind: type | None = dict, what: str = '') -> Any:
   )
 
 
+# ------------------------------------------------- a run of this project
+# What makes a folder a run of this project (train.py resumes it; any other
+# non-empty folder is refused unless --allow_foreign_workdir): a
+# config.json written by train.py (a JSON object with all of RUN_KEYS), or,
+# without a config.json, a metrics.jsonl whose first row has a step and a
+# split, or a checkpoints/ folder holding only what lra/train/checkpoints.py
+# makes. Files written before any of those (the lock, a sweep's train.log)
+# leave a folder empty.
+RUN_KEYS = ('task', 'model', 'num_train_steps', 'learning_rate', 'batch_size')
+CHECKPOINT_FOLDERS = ('latest', 'best', 'records', 'unreadable')
+BEFORE_A_RUN = ('.lock', 'train.log')
+
+
+def _ours_config(path: str) -> bool:
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return (
+    isinstance(data, dict)
+    and all(k in data for k in RUN_KEYS)
+    and isinstance(data['model'], dict)
+  )
+
+
+def _ours_metrics(path: str) -> bool:
+  try:
+    with open(path) as f:
+      first = f.readline()
+    row = json.loads(first)
+  except (OSError, ValueError):
+    return False
+  return isinstance(row, dict) and 'step' in row and 'split' in row
+
+
+def _ours_checkpoints(path: str) -> bool:
+  try:
+    names = os.listdir(path)
+  except OSError:
+    return False
+  return all(n in CHECKPOINT_FOLDERS for n in names)
+
+
+def foreign_files(workdir: str) -> list[str]:
+  """[] when `workdir` is missing, empty (but for BEFORE_A_RUN) or a run
+  of this project (see RUN_KEYS); else the names of its entries, sorted,
+  the file that makes it foreign first (a config.json not written by
+  train.py, which a run would overwrite)."""
+  try:
+    names = sorted(os.listdir(workdir))
+  except OSError:  # missing (or not a folder: check_dir says so)
+    return []
+  if not [n for n in names if n not in BEFORE_A_RUN]:
+    return []
+  config = os.path.join(workdir, CONFIG)
+  if os.path.lexists(config):
+    if _ours_config(config):
+      return []
+    return [CONFIG, *(n for n in names if n != CONFIG)]
+  metrics = os.path.join(workdir, 'metrics.jsonl')
+  ckpts = os.path.join(workdir, 'checkpoints')
+  if os.path.isfile(metrics) and _ours_metrics(metrics):
+    return []
+  if os.path.isdir(ckpts) and _ours_checkpoints(ckpts):
+    return []
+  return names
+
+
+def check_not_foreign(workdir: str) -> None:
+  """UserError (one sentence) when `workdir` holds files that are not a
+  run of this project (foreign_files): a training would write its
+  config.json, metrics.jsonl and checkpoints among them."""
+  names = foreign_files(workdir)
+  if not names:
+    return
+  shown = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+  raise UserError(
+    f'--workdir {workdir} holds files that are not a run of this project '
+    f'({shown}); give a new or empty folder, or add '
+    '--allow_foreign_workdir to train in it anyway (a config.json or '
+    'metrics.jsonl there is overwritten).'
+  )
+
+
 def read_results(workdir: str) -> dict | None:
   """workdir/results.json, or None (no finished run, or unreadable)."""
   results = read_json(os.path.join(workdir, RESULTS))
