@@ -1,0 +1,30 @@
+"""lra/bench/race.py: each pair computes the same thing on both sides
+(outputs and gradients equal), checked at a small size. Needs the peers
+(pip install torch local-attention linformer); skipped without them."""
+
+import pytest
+
+pytest.importorskip('torch')
+
+from lra.bench import race  # noqa: E402
+
+
+@pytest.mark.parametrize('pair', race.PAIRS)
+def test_pair_sides_agree(pair):
+  if pair == 'local':
+    pytest.importorskip('local_attention')
+  if pair == 'linformer':
+    pytest.importorskip('linformer')
+  # 120 is not a multiple of Local's 50: the padded tail is compared too.
+  p = race.Pair(pair, 1, 120, 2, 8)
+  assert p.max_relative_difference < race.TOLERANCE
+  p.ours()
+  p.peer()
+
+
+def test_unequal_sides_are_caught():
+  p = race.Pair('transformer', 1, 64, 2, 8)
+  same = p._peer_fn  # pylint: disable=protected-access
+  p._peer_fn = lambda q, k, v: 1.01 * same(q, k, v)  # pylint: disable=protected-access
+  with pytest.raises(AssertionError, match='differ'):
+    p.check()
