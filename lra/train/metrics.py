@@ -33,10 +33,13 @@ class MetricsLog:
     if tensorboard:
       self.tensorboard = TensorBoard.open(workdir, resume_step)
     saved = os.path.join(workdir, 'config.json')
-    if config is None and os.path.lexists(saved):
-      from lra.train import rundir  # pylint: disable=g-import-not-at-top
-
-      config = rundir.load_json(saved)
+    if config is None and os.path.isfile(saved):
+      try:  # train.py wrote it just before (a damaged one: no wandb config)
+        with open(saved) as f:
+          config = json.load(f)
+      except (OSError, ValueError):
+        config = None
+      config = config if isinstance(config, dict) else None
     self.wandb = WandbLog.open(workdir, config or {}, resume_step)
     rows = read_rows(self.path) if os.path.exists(self.path) else []
     if resume_step is not None:
