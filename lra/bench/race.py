@@ -8,8 +8,9 @@ backward (the gradient of the sum of the output with respect to the inputs
 and the parameters), and is checked equal first (outputs and gradients
 within a relative 1e-3 of their largest value); then `rounds` rounds time
 ours and the peer one after the other, in this one process, so a shared
-machine's drift touches both alike. A row gives each side's median ms and
-the median over rounds of peer ms / our ms (> 1: ours faster).
+machine's drift touches both alike. A row gives each side's median ms,
+the median over rounds of peer ms / our ms (> 1: ours faster) and XLA's
+compiled temporary memory of our forward + backward.
 
 Pairs (B = --batch, H = --heads, D = --head_dim, L the length):
   transformer        our exact core, einsum path, on q, k, v [B, L, H, D]
@@ -145,6 +146,7 @@ class Pair:
     self._grad = (
       jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*self._ours_args).compile()
     )
+    self.ours_temp_bytes = int(self._grad.memory_analysis().temp_size_in_bytes)
 
   def ours(self):
     jax.block_until_ready(self._grad(*self._ours_args))
@@ -255,6 +257,8 @@ def run_length(pairs, length, args, log):
     try:
       pair = Pair(name, args.batch, length, args.heads, args.head_dim)
       row['max_relative_difference'] = pair.max_relative_difference
+      # XLA's compiled working memory of our forward + backward.
+      row['ours_temp_mb'] = pair.ours_temp_bytes / 1e6
       for _ in range(args.warmup):
         pair.ours()
         pair.peer()
@@ -282,19 +286,20 @@ def run_length(pairs, length, args, log):
 
 def markdown(rows):
   out = [
-    '| pair | peer | L | ours ms | peer ms | peer / ours | max rel. diff |',
-    '|---|---|---|---|---|---|---|',
+    '| pair | peer | L | ours ms | peer ms | peer / ours | max rel. diff '
+    '| ours temp MB |',
+    '|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
     if 'error' in r:
       out.append(
-        f'| {r["pair"]} | {r["peer"]} | {r["length"]} | | | {r["error"]} | |'
+        f'| {r["pair"]} | {r["peer"]} | {r["length"]} | | | {r["error"]} | | |'
       )
       continue
     out.append(
       f'| {r["pair"]} | {r["peer"]} | {r["length"]} | {r["ours_ms"]:.1f} | '
       f'{r["peer_ms"]:.1f} | {r["peer_over_ours"]:.2f} | '
-      f'{r["max_relative_difference"]:.0e} |'
+      f'{r["max_relative_difference"]:.0e} | {r["ours_temp_mb"]:,.0f} |'
     )
   return '\n'.join(out) + '\n'
 
