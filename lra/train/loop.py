@@ -9,15 +9,12 @@ The config is checked here, before anything is built or written
 (lra/train/config.py check), then trusted.
 """
 
-import contextlib
 import dataclasses
 import errno
 import math
 import os
 import shutil
 import signal
-import sys
-import threading
 import time
 from typing import Callable
 
@@ -45,6 +42,13 @@ from lra.train.lock import workdir_lock
 from lra.train.metrics import MetricsLog, selection
 from lra.train.oom import out_of_memory
 from lra.train.progress import NonFiniteLoss, Progress
+from lra.train.stops import (
+  Stopped,
+  exit_interrupted,
+  exit_stopped,
+  stop_anywhere,
+  stop_requests,
+)
 
 # The best-on-validation record before any evaluation.
 NO_BEST = {'step': None, 'accuracy': -1.0, 'val': None}
@@ -193,51 +197,6 @@ def open_log(
   return log
 
 
-# Signals that ask the loop to stop at the end of its step and save: Ctrl-C,
-# and SIGTERM (preemption: TPU/cloud VMs, Slurm, Kubernetes end runs so).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def stop_requests():
-  """A list that gets the signal's number when Ctrl-C or SIGTERM asks to
-  stop: the loop then ends at the end of its current step, saves (the
-  checkpoint there resumes exactly) and exits; a second Ctrl-C interrupts
-  at once (exit 130, no traceback). Signal handlers can only be set in
-  the main thread; elsewhere
-  the list stays empty."""
-  requested = []
-
-  def request_stop(signum, frame):
-    del frame
-    requested.append(signum)
-    if signum == signal.SIGINT:
-      signal.signal(signal.SIGINT, stop_now)
-
-  def stop_now(signum, frame):
-    # A second Ctrl-C: stop at once, without a traceback. A save in flight
-    # is written to a temporary folder first, so the previous checkpoint
-    # stays whole; the same command resumes from it.
-    del signum, frame
-    print(
-      '\nStopped at once (a second Ctrl-C); the latest complete checkpoint '
-      'is kept: run the same command to resume.',
-      file=sys.stderr,
-      flush=True,
-    )
-    os._exit(130)  # pylint: disable=protected-access
-
-  if threading.current_thread() is not threading.main_thread():
-    yield requested
-    return
-  previous = {s: signal.signal(s, request_stop) for s in STOP_SIGNALS}
-  try:
-    yield requested
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-
-
 def save_due(config: ConfigDict, last_save_s: float) -> bool:
   """Whether wall time asks for a checkpoint now
   (config.checkpoint_every_minutes; 0: steps only). The loop asks at log
@@ -248,18 +207,6 @@ def save_due(config: ConfigDict, last_save_s: float) -> bool:
     return False
   due = time.monotonic() - last_save_s >= 60 * minutes
   return processes.agree(due)
-
-
-def exit_interrupted(last_good: int, preempted: bool) -> None:
-  """Says where the latest checkpoint is and exits 130 (Ctrl-C) or 143
-  (SIGTERM: preempted)."""
-  where = f'step {last_good}' if last_good else 'no checkpoint yet'
-  print(
-    f'{"Preempted (SIGTERM)" if preempted else "Interrupted"}; latest '
-    f'checkpoint: {where}. Run the same command to resume.',
-    file=sys.stderr,
-  )
-  sys.exit(143 if preempted else 130)
 
 
 def non_finite_error(
@@ -405,13 +352,26 @@ def train_and_evaluate(
   when given, is called after each step (tests: a kill at a chosen step).
   allow_foreign_workdir: train in a folder that holds other files
   (--allow_foreign_workdir; refused otherwise)."""
-  select = check_inputs(config, workdir, allow_foreign_workdir)
+  stage = ['while starting']  # what a stop signal interrupts (its line)
+  try:
+    with stop_anywhere():
+      return _train_and_evaluate(
+        config, workdir, on_step, allow_foreign_workdir, stage
+      )
+  except Stopped as e:
+    exit_stopped(e.signum, workdir, stage[0])
+
+
+def _train_and_evaluate(config, workdir, on_step, allow_foreign, stage):
+  """train_and_evaluate's body, under stop_anywhere; `stage` (a one-item
+  list) names the part running, for a stop signal's line."""
+  select = check_inputs(config, workdir, allow_foreign)
   t, changes = make_trainer(config, workdir)
   fresh = not os.path.exists(workdir)
   try:
     with workdir_lock(workdir, processes.is_primary()):
       try:
-        return run(t, workdir, select, changes, on_step)
+        return run(t, workdir, select, changes, on_step, stage)
       except Exception as e:  # pylint: disable=broad-except
         if not out_of_memory(e):
           raise
@@ -449,18 +409,39 @@ def memory_error(config: ConfigDict) -> UserError:
   )
 
 
-def run(t, workdir, select, changes, on_step):
-  """The run of train_and_evaluate, under the workdir's lock."""
+def run(t, workdir, select, changes, on_step, stage=None):
+  """The run of train_and_evaluate, under the workdir's lock; `stage` (a
+  one-item list) is set to what runs, for a stop signal's line."""
+  stage = [''] if stage is None else stage
   config = t.config
   # --------------------------------------------------------------- restore
+  stage[0] = 'while restoring the run'
   start, state, best, init_step, changes, ckpt = restore_or_init(
     config, workdir, t.state, changes
   )
-  log = open_log(config, workdir, start, init_step, changes)
+  try:
+    log = open_log(config, workdir, start, init_step, changes)
+  except Stopped:
+    ckpt.close(quiet=True)
+    raise
   done = results.finished_results(workdir, start, config)
   if done is not None:
     log.close()
+    ckpt.close(quiet=True)
     return done
+  try:
+    return _loop_and_test(t, workdir, select, on_step, stage, start, state,
+                          best, ckpt, log)  # fmt: skip
+  except Stopped:  # outside the loop's own handling: the files closed
+    log.close()
+    ckpt.close(quiet=True)
+    raise
+
+
+def _loop_and_test(t, workdir, select, on_step, stage, start, state, best,
+                   ckpt, log):  # fmt: skip
+  """The training loop, then the test and results.json (run's body)."""
+  config = t.config
 
   # ------------------------------------------------------------------ loop
   progress = Progress(
@@ -478,6 +459,8 @@ def run(t, workdir, select, changes, on_step):
   batches = prefetch.prefetched(
     config, t.task, t.data, t.stages, t.batch_sharding, start
   )
+  stage[0] = 'while training'
+  stop_requested = []
   try:
     with stop_requests() as stop_requested, batches:
       for step, batch in batches:
@@ -509,9 +492,10 @@ def run(t, workdir, select, changes, on_step):
         if stopping:
           raise KeyboardInterrupt
       ckpt.wait()  # the last saves written (a failed one: one sentence)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt as e:
     close_all(progress, log, ckpt)
-    exit_interrupted(last_good, signal.SIGTERM in stop_requested)
+    first = stop_requested[0] if stop_requested else signal.SIGINT
+    exit_interrupted(last_good, getattr(e, 'signum', first))
   except NonFiniteLoss as e:
     close_all(progress, log, ckpt)  # the last good save written
     raise non_finite_error(e, config, workdir, last_good) from None
@@ -524,6 +508,10 @@ def run(t, workdir, select, changes, on_step):
   progress.close()
 
   # ------------------------------------------------------------------ test
+  stage[0] = (
+    f'during the final test (training finished at step {last_good}; the '
+    'test runs again on resuming)'
+  )
   tested, best = results.test_best_and_last(
     t, state, best, start, last_good, ckpt, log
   )
