@@ -202,3 +202,105 @@ def test_native_kernel_without_a_compiler_is_the_error_line_only(
   (line,) = proc.stderr.strip().splitlines()
   assert line.startswith('error: mamba scan_kernel=native cannot run')
   assert not (tmp_path / 'run').exists()
+
+
+# ------------------------------------------ signals at every stage
+# A driver that runs train.py's command line and sends itself `signum` as
+# the chosen stage begins (deterministic: no race with a timer).
+DRIVER = """
+import os, signal, sys
+stage, signum = sys.argv[1], int(sys.argv[2])
+sys.argv = ['train.py'] + sys.argv[3:]
+from lra.train.interrupt import on_ctrl_c_exit
+on_ctrl_c_exit()
+from lra.train import loop, results
+from lra.train.checkpoints import Checkpoints
+fired = []
+def wrap(owner, name, when=lambda *a, **k: True):
+  orig = getattr(owner, name)
+  def f(*a, **k):
+    if not fired and when(*a, **k):
+      fired.append(1)
+      os.kill(os.getpid(), signum)
+    return orig(*a, **k)
+  setattr(owner, name, f)
+if stage == 'restore':
+  wrap(loop, 'make_trainer')
+elif stage == 'compile':
+  wrap(loop, 'compiles_at', lambda t, step, start: step == start + 1)
+elif stage == 'training':
+  wrap(loop, 'compiles_at', lambda t, step, start: step == start + 3)
+elif stage == 'evaluation':
+  wrap(loop.Trainer, 'evaluate', lambda self, state, split: split == 'val')
+elif stage == 'save':
+  wrap(Checkpoints, 'save')
+elif stage == 'test':
+  wrap(results, 'test_best_and_last')
+elif stage == 'results':
+  wrap(results, 'finish')
+import train
+train.run()
+"""
+SIGNALS = {'SIGINT': (2, 130), 'SIGTERM': (15, 143), 'SIGHUP': (1, 129)}
+
+
+@pytest.mark.parametrize(
+  'stage, name',
+  [
+    ('restore', 'SIGTERM'),
+    ('compile', 'SIGHUP'),
+    ('training', 'SIGINT'),
+    ('evaluation', 'SIGTERM'),
+    ('save', 'SIGHUP'),
+    ('test', 'SIGINT'),
+    ('test', 'SIGTERM'),
+    ('test', 'SIGHUP'),
+    ('results', 'SIGTERM'),
+  ],
+)
+def test_a_signal_at_any_stage_is_one_line_and_the_resume_ends_the_same(
+  tmp_path, smoke_run, smoke_data_dir, stage, name
+):
+  signum, status = SIGNALS[name]
+  workdir = tmp_path / 'run'
+  flags = [f'--config={SMOKE}', f'--workdir={workdir}',
+           f'--config.data_dir={smoke_data_dir}']  # fmt: skip
+  proc = subprocess.run(
+    [sys.executable, '-c', DRIVER, stage, str(signum), *flags],
+    cwd=ROOT, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == status, proc.stderr[-3000:]
+  assert 'Traceback' not in proc.stderr
+  (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+  assert 'Run the same command to resume: python train.py' in line, line
+  assert f'--workdir={workdir}' in line
+  assert 'latest checkpoint: ' in line
+  assert not (workdir / 'results.json').exists()
+  resumed = train(workdir, smoke_data_dir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  with open(os.path.join(smoke_run, 'results.json')) as f:
+    whole = json.load(f)
+  with open(workdir / 'results.json') as f:
+    again = json.load(f)
+  for key in ('best_step', 'val', 'test', 'test_last', 'last_step'):
+    assert again.get(key) == whole.get(key), key
+
+
+@pytest.mark.parametrize('name', ['SIGTERM', 'SIGHUP'])
+def test_a_signal_while_the_program_loads_is_one_line(tmp_path, name):
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  signum, status = SIGNALS[name]
+  proc = subprocess.Popen(
+    [sys.executable, 'train.py', f'--config={SMOKE}',
+     f'--workdir={tmp_path / "run"}'],
+    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  time.sleep(0.5)  # importing JAX
+  proc.send_signal(signal.Signals(signum))
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == status, err
+  (line,) = err.strip().splitlines()
+  assert line.startswith(f'Stopped ({name}). Run the same command again:')
+  assert not (tmp_path / 'run').exists()

@@ -79,7 +79,7 @@ def exit_stopped(signum: int, workdir: str, stage: str) -> None:
   kept = (
     f'latest checkpoint: step {step}'
     if step
-    else 'no checkpoint yet (nothing of the run is lost)'
+    else 'latest checkpoint: none yet (nothing of the run is lost)'
   )
   print(
     f'{STOP_NAMES.get(signum, f"Stopped (signal {signum})")} {stage}; '
