@@ -496,3 +496,63 @@ def test_a_resume_over_a_damaged_file_is_one_sentence_and_keeps_it(
     else (workdir / name).read_bytes()
   )
   assert after == damaged
+
+
+# --------------------------------------------- prepare on a full disk
+def test_prepare_on_a_full_disk_is_one_sentence_and_leaves_no_tmp(
+  tmp_path, monkeypatch, capsys
+):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from lra.data import cache, prepare  # pylint: disable=g-import-not-at-top
+
+  real_save = np.save
+
+  def full(file, arr, *args, **kwargs):
+    file.write(b'\x93NUMPY' + b'\0' * 4096)  # part of it, then the disk fills
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(cache.np, 'save', full)
+  code = prepare.main(['listops', '--small', f'--data_dir={tmp_path}'])
+  monkeypatch.setattr(cache.np, 'save', real_save)
+  assert code == 2
+  (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+  assert line.startswith('error: ') and 'no space left on device' in line
+  assert 'free some space' in line
+  left = [str(p) for p in tmp_path.rglob('*') if '.tmp' in p.name]
+  assert not left, left
+  assert not [p for p in tmp_path.rglob('*.lock')]
+
+
+def test_prepare_on_a_real_full_file_system(tmp_path):
+  """The same on a 2 MB tmpfs where this may mount one (root): the error
+  comes from the kernel, wherever the generator is writing."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mount = ['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(disk)]
+  if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+    pytest.skip('cannot mount a small file system here')
+  try:
+    proc = run_module(
+      '-m',
+      'lra.data.prepare',
+      'listops',
+      '--small',
+      f'--data_dir={disk}',
+      timeout=600,
+    )
+    line = one_error_line_last(proc)
+    assert 'no space left on device' in line
+    assert not [p for p in disk.rglob('*') if '.tmp' in p.name]
+  finally:
+    subprocess.run(['umount', str(disk)], capture_output=True)
+
+
+def one_error_line_last(proc):
+  """The last line of a refused command (exit 2, no traceback); progress
+  lines may come before it."""
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+  assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith('error: '), line
+  return line

@@ -157,7 +157,11 @@ class Task:
             file=sys.stderr,
             flush=True,
           )
-        self._module().prepare(path, data_dir, options, bars)
+        try:
+          self._module().prepare(path, data_dir, options, bars)
+        except BaseException:  # a full disk, an error, Ctrl-C
+          cache.remove_partial(path)
+          raise
     return path
 
 

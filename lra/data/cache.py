@@ -97,6 +97,34 @@ def preparing(cache_dir, say=True):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
+# The endings of the files a prepare writes before renaming them into place.
+PARTIAL = ('.tmp', '.tmp2')
+
+
+def remove_partial(cache_dir):
+  """Deletes the unfinished files (PARTIAL) a prepare left in `cache_dir`
+  when it stopped (a full disk, an error, Ctrl-C): they are never read,
+  and on a full disk they hold the space the user needs back."""
+  if not os.path.isdir(cache_dir):
+    return
+  for name in os.listdir(cache_dir):
+    if name.endswith(PARTIAL):
+      try:
+        os.remove(os.path.join(cache_dir, name))
+      except OSError:
+        pass
+
+
+def _replace_or_remove(write, tmp, path):
+  """Calls write(tmp), then renames tmp to path; a failure removes tmp."""
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
 def save_split(cache_dir, split, inputs, labels):
   """Writes one split atomically (tmp file + rename), so a crash never leaves
   a truncated cache that looks complete; then its record."""
@@ -112,9 +140,12 @@ def save_split(cache_dir, split, inputs, labels):
   for name, arr in (('inputs', inputs), ('labels', labels)):
     path = os.path.join(cache_dir, f'{split}_{name}.npy')
     tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'wb') as f:
-      np.save(f, arr)
-    os.replace(tmp, path)
+
+    def write(name, arr=arr):
+      with open(name, 'wb') as f:
+        np.save(f, arr)
+
+    _replace_or_remove(write, tmp, path)
   write_record(cache_dir, split)
 
 
@@ -132,9 +163,12 @@ def write_record(cache_dir, split):
       'crc32_head_tail': _checksum(path),
     }
   path = os.path.join(cache_dir, f'{split}_meta.json')
-  with open(path + '.tmp', 'w') as f:
-    json.dump(meta, f, indent=1, sort_keys=True)
-  os.replace(path + '.tmp', path)
+
+  def write(name):
+    with open(name, 'w') as f:
+      json.dump(meta, f, indent=1, sort_keys=True)
+
+  _replace_or_remove(write, path + '.tmp', path)
 
 
 def write_info(cache_dir, **info):

@@ -17,6 +17,7 @@ it.
 """
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -169,8 +170,15 @@ def main(argv=None):
       rebuild = command(args.task, data_dir, options)
       raise UserError(f'{e}; rebuild the cache with `{rebuild}`.') from None
     except OSError as e:
+      if e.errno == errno.ENOSPC:
+        raise UserError(
+          f'Cannot prepare the cache in {path}: no space left on device '
+          f'(its unfinished files are removed); free some space or give '
+          f'another {flag}.'
+        ) from None
+      where = f': {e.filename}' if e.filename else ''
       raise UserError(
-        f'Cannot prepare the cache in {path} ({e.strerror}: {e.filename}); '
+        f'Cannot prepare the cache in {path} ({e.strerror or e}{where}); '
         f'give a {flag} you can write to.'
       ) from None
   except UserError as e:
