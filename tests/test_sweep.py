@@ -60,13 +60,13 @@ def interrupt_sweep(*args, err_path):
       sweep_command(*args), cwd=ROOT, stdout=subprocess.PIPE, stderr=err
     )
     seen, deadline = b'', time.monotonic() + 300
-    while b'train:' not in seen and time.monotonic() < deadline:
+    while b'train step' not in seen and time.monotonic() < deadline:
       ready, _, _ = select.select([proc.stdout], [], [], 1.0)
       chunk = os.read(proc.stdout.fileno(), 4096) if ready else b''
       if ready and not chunk:
         break
       seen += chunk
-    assert b'train:' in seen, seen.decode(errors='replace')
+    assert b'train step' in seen, seen.decode(errors='replace')
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=300)
