@@ -114,7 +114,7 @@ def test_two_processes_train_and_resume_like_one(two_process_run, smoke_run):
   assert 'best step 6' in resumed[0][1]
   for _, stdout, stderr in resumed[1:]:
     assert 'Resuming' not in stdout and 'best step' not in stdout
-    assert 'train:' not in stdout + stderr and 'val:' not in stderr
+    assert 'train step' not in stdout + stderr and 'val:' not in stderr
   load = lambda d: json.load(open(os.path.join(d, 'results.json')))  # noqa: E731
   assert_close(load(workdir), load(smoke_run))
   rows = lambda d: read_rows(os.path.join(d, 'metrics.jsonl'))  # noqa: E731
