@@ -202,17 +202,21 @@ def foreign_files(workdir: str) -> list[str]:
   if not [n for n in names if n not in BEFORE_A_RUN]:
     return []
   config = os.path.join(workdir, CONFIG)
+  first = [CONFIG, *(n for n in names if n != CONFIG)]
   if os.path.lexists(config):
     if _ours_config(config):
       return []
-    return [CONFIG, *(n for n in names if n != CONFIG)]
+    if damage(config) is None:  # readable JSON, someone else's
+      return first
+    # A damaged config.json: the run's own when the rest of it says so (its
+    # resume then names the damage), else a stranger's.
   metrics = os.path.join(workdir, 'metrics.jsonl')
   ckpts = os.path.join(workdir, 'checkpoints')
   if os.path.isfile(metrics) and _ours_metrics(metrics):
     return []
   if os.path.isdir(ckpts) and _ours_checkpoints(ckpts):
     return []
-  return names
+  return first if os.path.lexists(config) else names
 
 
 def check_not_foreign(workdir: str) -> None:
