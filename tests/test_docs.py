@@ -337,10 +337,23 @@ def program_flags():
     return dict(zip(programs, pool.map(flags_of, programs)))
 
 
+def hidden_flag(program, name):
+  """Whether a module run as `-m MODULE` defines --name itself without
+  listing it in its help (an internal flag, argparse.SUPPRESS)."""
+  if not program.startswith('-m '):
+    return False
+  base = os.path.join(ROOT, *program[3:].split('.'))
+  for path in (base + '.py', os.path.join(base, '__main__.py')):
+    if os.path.isfile(path):
+      with open(path, encoding='utf-8') as f:
+        return re.search(rf"""['"](--)?{re.escape(name)}['"]""", f.read())
+  return False
+
+
 def unknown_flags(page, flags):
   """'page: PROGRAM --flag (no such flag)' for each --flag given to one of
-  the project's programs that its help does not name (--config.* keys
-  are checked against the config by the test below)."""
+  the project's programs that neither its help names nor its module
+  defines (--config.* keys are checked against the config below)."""
   bad = []
   for program, argv in invocations(page):
     for word in argv:
@@ -350,15 +363,21 @@ def unknown_flags(page, flags):
       if any(c in name for c in UNCHECKABLE):
         continue
       known = flags.get(program, set())
-      if name not in known and not (name[:2] == 'no' and name[2:] in known):
+      if name in known or (name[:2] == 'no' and name[2:] in known):
+        continue
+      if not hidden_flag(program, name):
         bad.append(f'{page}: {program} --{name} (no such flag)')
   return bad
 
 
 def test_unknown_flags_are_found(tmp_path, monkeypatch):
   (tmp_path / 'lra' / 'sweep').mkdir(parents=True)
+  (tmp_path / 'lra' / 'sweep' / '__main__.py').write_text(
+    "p.add_argument('--child', help=argparse.SUPPRESS)\n"
+  )
   (tmp_path / 'a.md').write_text(
     '```bash\npython -m lra.sweep --tasks mqar --dry_run --noprobe \\\n'
+    '    --child \\\n'
     '    --config.model.emb_dim=32 --modles all\n'
     'python -m pytest -q --nonsense && lra-train --workdir w --wokdir w\n'
     'python train.py --config configs/<task>.py:<model> --<flag>\n```\n'
