@@ -7,7 +7,7 @@ import os
 import pytest
 
 from lra import allocator
-from lra.bench import cpu_cost
+from experiments.cpu_cost import cpu_cost
 
 # The smoke model at a batch and length whose step's temporary buffers
 # (XLA's temp, about 150 MB) are far above glibc's mmap threshold, on one

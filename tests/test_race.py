@@ -1,4 +1,4 @@
-"""lra/bench/race.py: each pair computes the same thing on both sides
+"""experiments/race/race.py: each pair computes the same thing on both sides
 (outputs and gradients equal), checked at a small size. Needs the peers
 (pip install torch local-attention linformer); skipped without them."""
 
@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip('torch')
 
-from lra.bench import race  # noqa: E402
+from experiments.race import race  # noqa: E402
 
 
 @pytest.mark.parametrize('pair', race.PAIRS)

@@ -8,8 +8,7 @@ not end the table.
   isolate.py  each cell in its own process, killed past its deadline
   layer.py    one attention layer alone (`--layer`)
   report.py   the Markdown table and plots beside the paper's Table 2
-  cpu_cost.py CPU seconds and page faults per step by malloc setting
-              (`python -m lra.bench.cpu_cost`; lra/allocator.py)
-  race.py     one attention layer against the PyTorch module a user would
-              pick (`python -m lra.bench.race`; needs torch)
+
+The CPU cost per step by malloc setting and the race against PyTorch
+modules are studies: experiments/cpu_cost/, experiments/race/.
 """

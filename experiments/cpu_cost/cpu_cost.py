@@ -1,11 +1,11 @@
 r"""CPU seconds and minor page faults per training step, by malloc setting.
 
-  python -m lra.bench.cpu_cost                  # the three cells below
-  python -m lra.bench.cpu_cost --cells main --rounds 3 --out runs/cpu_cost
+  python -m experiments.cpu_cost.cpu_cost                  # the three cells below
+  python -m experiments.cpu_cost.cpu_cost --cells main --rounds 3 --out runs/cpu_cost
 
 For each cell (a config's training step on random inputs of its shapes, as
 benchmark.py builds it) and each malloc setting, one child process
-(`python -m lra.bench.cpu_cost --child ...`, since the setting is per
+(`python -m experiments.cpu_cost.cpu_cost --child ...`, since the setting is per
 process) compiles the step, runs --warmup steps, then --steps timed steps,
 and reports per timed step: user and system CPU seconds and minor page
 faults (resource.getrusage of the whole process, every thread), wall
@@ -163,7 +163,7 @@ def measure_in_child(
     'warmup': warmup,
   }
   proc = subprocess.run(
-    child.command('lra.bench.cpu_cost', '--child', json.dumps(spec)),
+    child.command('experiments.cpu_cost.cpu_cost', '--child', json.dumps(spec)),
     env={**setting_env(setting), **(env or {})},
     capture_output=True,
     text=True,
@@ -245,7 +245,7 @@ def table(rows) -> str:
 
 def parse_args(argv):
   p = argparse.ArgumentParser(
-    prog='python -m lra.bench.cpu_cost',
+    prog='python -m experiments.cpu_cost.cpu_cost',
     description='CPU seconds and minor faults per training step by malloc '
     'setting (lra/allocator.py).',
   )

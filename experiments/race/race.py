@@ -1,7 +1,7 @@
 r"""Our attention against the PyTorch module a user would pick, on the CPU.
 
   pip install torch local-attention linformer   # the peers (not required)
-  python -m lra.bench.race --lengths 1024,4096 --rounds 5 --out runs/race
+  python -m experiments.race.race --lengths 1024,4096 --rounds 5 --out runs/race
 
 Each pair runs the same computation on the same float32 inputs, forward +
 backward (the gradient of the sum of the output with respect to the inputs
@@ -306,7 +306,7 @@ def markdown(rows):
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(
-    prog='python -m lra.bench.race',
+    prog='python -m experiments.race.race',
     description='Our attention against the PyTorch module a user would pick.',
   )
   p.add_argument('--pairs', default=','.join(PAIRS))
