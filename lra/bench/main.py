@@ -330,13 +330,8 @@ def _check_config_flags(f):
 
 
 def main(argv):
-  if len(argv) > 1:
-    print(
-      f'error: unexpected argument {argv[1]!r}; flags are written '
-      '--name=value (see --help).',
-      file=sys.stderr,
-    )
-    sys.exit(2)
+  if stray := cli.stray_argument(argv):
+    cli.exit_with_error(stray)
   f = flags.FLAGS
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)

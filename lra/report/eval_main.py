@@ -266,11 +266,8 @@ def main(argv):
   f = flags.FLAGS
   cli.quiet_logs()
   try:
-    if len(argv) > 1:
-      raise UserError(
-        f'unexpected argument {argv[1]!r}; flags are written --name=value '
-        '(see --help).'
-      )
+    if stray := cli.stray_argument(argv):
+      raise stray
     if _OVERRIDES and not f.workdir:
       raise UserError(
         f'{_OVERRIDES[0].split("=", 1)[0]} needs --workdir DIR, the run to '

@@ -342,6 +342,17 @@ def initialize_processes():
   )
 
 
+def stray_argument(argv) -> UserError | None:
+  """The one sentence for a word on the command line that is not a flag
+  (absl leaves it in argv), or None."""
+  if len(argv) > 1:
+    return UserError(
+      f'unexpected argument {argv[1]!r}; flags are written --name=value '
+      '(see --help).'
+    )
+  return None
+
+
 def exit_with_error(e):
   """Prints the one-sentence error and exits with status 2. In a
   multi-process run it leaves the message for the others (whose watchers,

@@ -125,13 +125,8 @@ def print_config_text(config: ConfigDict) -> str:
 
 def main(argv):
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-  if len(argv) > 1:
-    print(
-      f'error: unexpected argument {argv[1]!r}; flags are written '
-      '--name=value (see --help).',
-      file=sys.stderr,
-    )
-    sys.exit(2)
+  if stray := cli.stray_argument(argv):
+    cli.exit_with_error(stray)
   if config is not None and flags.FLAGS.print_config:
     print(print_config_text(config), end='')
     return
