@@ -111,7 +111,9 @@ def test_committed_archive_gives_the_committed_table():
   archive = os.path.join(root, 'experiments', 'mqar', 'runs', '128x16_c')
   rows = mqar_report.rows_of([archive])
   assert len(rows) == 20
-  with open(os.path.join(root, 'experiments', 'mqar', '128x16_c', 'mqar.md')) as f:
+  with open(
+    os.path.join(root, 'experiments', 'mqar', '128x16_c', 'mqar.md')
+  ) as f:
     committed = f.read()
   table = mqar_report.width_markdown(rows)
   assert '| `deltanet` | - | 99.6 (0.0032) |' in table

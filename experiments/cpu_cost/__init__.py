@@ -1,1 +1,2 @@
-"""CPU seconds and page faults per training step by malloc setting (README.md)."""
+"""CPU seconds and page faults per training step by malloc setting
+(README.md)."""

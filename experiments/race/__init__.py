@@ -1,1 +1,2 @@
-"""The race against the PyTorch modules a user would otherwise pick (README.md)."""
+"""The race against the PyTorch modules a user would otherwise pick
+(README.md)."""
