@@ -244,18 +244,20 @@ train.run()
 SIGNALS = {'SIGINT': (2, 130), 'SIGTERM': (15, 143), 'SIGHUP': (1, 129)}
 
 
+# Each signal once in the default run (about 22 s a case); every stage with
+# -m slow.
 @pytest.mark.parametrize(
   'stage, name',
   [
-    ('restore', 'SIGTERM'),
-    ('compile', 'SIGHUP'),
+    pytest.param('restore', 'SIGTERM', marks=pytest.mark.slow),
+    pytest.param('compile', 'SIGHUP', marks=pytest.mark.slow),
     ('training', 'SIGINT'),
-    ('evaluation', 'SIGTERM'),
+    pytest.param('evaluation', 'SIGTERM', marks=pytest.mark.slow),
     ('save', 'SIGHUP'),
-    ('test', 'SIGINT'),
+    pytest.param('test', 'SIGINT', marks=pytest.mark.slow),
     ('test', 'SIGTERM'),
-    ('test', 'SIGHUP'),
-    ('results', 'SIGTERM'),
+    pytest.param('test', 'SIGHUP', marks=pytest.mark.slow),
+    pytest.param('results', 'SIGTERM', marks=pytest.mark.slow),
   ],
 )
 def test_a_signal_at_any_stage_is_one_line_and_the_resume_ends_the_same(
