@@ -71,3 +71,15 @@ def smoke_run(tmp_path_factory, smoke_data_dir):
   )
   assert proc.returncode == 0, proc.stderr
   return workdir
+
+
+def tree(folder):
+  """{relative path: bytes} of every file below `folder` (tests that check
+  a refusal touched nothing)."""
+  out = {}
+  for d, _, files in os.walk(folder):
+    for f in files:
+      path = os.path.join(d, f)
+      with open(path, 'rb') as fh:
+        out[os.path.relpath(path, folder)] = fh.read()
+  return out

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, tree
 import pytest
 from test_sweep_archive import write_sweep
 
@@ -36,17 +36,6 @@ def one_error_line(proc):
   (line,) = proc.stderr.strip().splitlines()
   assert line.startswith('error: '), line
   return line
-
-
-def tree(folder):
-  """{relative path: bytes} of every file below `folder`."""
-  out = {}
-  for d, _, files in os.walk(folder):
-    for f in files:
-      path = os.path.join(d, f)
-      with open(path, 'rb') as fh:
-        out[os.path.relpath(path, folder)] = fh.read()
-  return out
 
 
 # ------------------------------------------------------------- archives

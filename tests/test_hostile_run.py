@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, SMOKE
+from conftest import ROOT, SMOKE, tree
 import pytest
 
 from lra.errors import UserError
@@ -24,16 +24,6 @@ def train(workdir, data_dir, *flags, timeout=300, env=None):
     cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     env=None if env is None else dict(os.environ, **env),
   )  # fmt: skip
-
-
-def tree(folder):
-  out = {}
-  for d, _, files in os.walk(folder):
-    for f in files:
-      path = os.path.join(d, f)
-      with open(path, 'rb') as fh:
-        out[os.path.relpath(path, folder)] = fh.read()
-  return out
 
 
 # ------------------------------------------------------- foreign folders
