@@ -106,6 +106,21 @@ def test_a_config_file_that_does_not_load_is_one_sentence_naming_it(
   assert '\n' not in said and 'Traceback' not in said
 
 
+def test_a_file_without_get_config_never_runs_an_earlier_files(tmp_path):
+  """config_flags loads every file as one module name; a file loaded after
+  another one in the same process (the suite, a notebook, a sweep) must not
+  run the earlier file's get_config (the suite once passed such a file
+  with the ListOps config)."""
+  from lra.errors import UserError  # pylint: disable=g-import-not-at-top
+  from lra.train import cli  # pylint: disable=g-import-not-at-top
+
+  cli.config_from_argv(['train.py', f'--config={SMOKE}'])
+  path = tmp_path / 'mine.py'
+  path.write_text('x = 1\n')
+  with pytest.raises(UserError, match='get_config'):
+    cli.config_from_argv(['train.py', f'--config={path}:transformer'])
+
+
 def test_train_with_a_broken_config_file_is_one_line_and_creates_nothing(
   tmp_path,
 ):

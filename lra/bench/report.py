@@ -22,6 +22,9 @@ ratios to the transformer compare across the two.
 LRA's Figure 3 (accuracy against speed, circle area = peak memory) joins a
 benchmark with the trained runs' accuracy table: lra/report/bubble.py, which
 also reads benchmark.json and names its machine for both.
+
+Redrawn from an archived benchmark.json, with no measuring:
+  python -m lra.bench.report BENCHMARK_JSON --out DIR
 """
 
 from __future__ import annotations
@@ -467,3 +470,32 @@ def write_report(rows, out, seconds=None, load=None):
     'peak memory (GB, XLA memory analysis)',
     os.path.join(out, 'memory.png'),
   )
+
+
+def main(argv=None):
+  """Writes benchmark.md, speed.png and memory.png from a benchmark.json."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  parser = argparse.ArgumentParser(
+    prog='python -m lra.bench.report',
+    description='Redraw a benchmark.py report from its benchmark.json.',
+  )
+  parser.add_argument('rows', metavar='BENCHMARK_JSON')
+  parser.add_argument('--out', required=True, metavar='DIR')
+  args = parser.parse_args(argv)
+  try:
+    with open(args.rows) as f:
+      rows = json.load(f)
+  except (OSError, ValueError) as e:
+    sys.exit(f'error: cannot read {args.rows} as a benchmark.json ({e}).')
+  if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+    sys.exit(f'error: {args.rows} is not a list of benchmark rows.')
+  os.makedirs(args.out, exist_ok=True)
+  write_report(rows, args.out)
+  print(f'wrote {args.out}/benchmark.md, speed.png, memory.png')
+
+
+if __name__ == '__main__':
+  main()

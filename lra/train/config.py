@@ -21,6 +21,7 @@ lra/train/options.py), then trusted.
 
 import importlib
 import os
+import sys
 import traceback
 
 from absl import flags
@@ -112,6 +113,11 @@ class _ConfigFileParser(config_file_flags.ConfigFileFlagParser):
   preset) keep their sentences (lra/train/cli.py)."""
 
   def parse(self, path):
+    # config_flags loads every file as the module '<flag>_config' with
+    # load_module(), which executes a second file into the first one's
+    # module when it is still in sys.modules: a file without get_config
+    # would then run the earlier file's. Each parse starts afresh.
+    sys.modules.pop(f'{self.name}_config', None)
     try:
       return super().parse(resolve_spec(path))
     except (OSError, UserError):
