@@ -53,14 +53,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE = 'configs/listops.py:transformer,smoke'
 
 
+def _once_per_session(tmp_path_factory, name, build):
+  """A folder built once for the whole test session, shared by both
+  pytest-xdist workers (a file lock; the first worker builds, the other
+  waits and reuses it): the smoke data and the smoke run were built once
+  per worker before (about 30 s of CPU each time). `build(path)` fills
+  the folder; a build that fails leaves no marker, so the next one
+  retries."""
+  from filelock import FileLock  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent  # the session's folder, above each worker's own
+  path = root / name
+  with FileLock(str(path) + '.lock'):
+    if not (root / f'{name}.done').exists():
+      shutil.rmtree(path, ignore_errors=True)
+      path.mkdir()
+      build(str(path))
+      (root / f'{name}.done').touch()
+  return str(path)
+
+
 @pytest.fixture(scope='session')
 def smoke_data_dir(tmp_path_factory):
   """A data root with the ListOps smoke cache (shared; never modify it)."""
   from lra import data as tasks  # pylint: disable=g-import-not-at-top
 
-  path = str(tmp_path_factory.mktemp('data'))
-  tasks.get_task('listops').ensure_prepared(path, {'variant': 'smoke'}, False)
-  return path
+  def build(path):
+    tasks.get_task('listops').ensure_prepared(path, {'variant': 'smoke'}, False)
+
+  return _once_per_session(tmp_path_factory, 'shared_data', build)
 
 
 @pytest.fixture(scope='session')
@@ -68,22 +91,23 @@ def smoke_run(tmp_path_factory, smoke_data_dir):
   """A finished smoke ListOps run (shared; copy it before damaging it)."""
   import subprocess  # pylint: disable=g-import-not-at-top
 
-  workdir = str(tmp_path_factory.mktemp('full'))
-  proc = subprocess.run(
-    [
-      sys.executable,
-      'train.py',
-      f'--config={SMOKE}',
-      f'--workdir={workdir}',
-      f'--config.data_dir={smoke_data_dir}',
-    ],
-    cwd=ROOT,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr
-  return workdir
+  def build(workdir):
+    proc = subprocess.run(
+      [
+        sys.executable,
+        'train.py',
+        f'--config={SMOKE}',
+        f'--workdir={workdir}',
+        f'--config.data_dir={smoke_data_dir}',
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+  return _once_per_session(tmp_path_factory, 'shared_full', build)
 
 
 def tree(folder):
@@ -190,6 +214,61 @@ SLOW = (
   'test_mixer_suite.py::test_memory_grows_about_linearly[mamba2]',
   'test_mixer_suite.py::test_memory_grows_about_linearly[deltanet]',
   'test_experiments.py::test_a_study_sweep_through_the_command_line_dry_run[experiments/mqar/sweeps.py:width_grid-counts0]',
+  # A second round from the same idle run (the line was still 14 min):
+  # training steps whose path a kept test also compiles.
+  'test_attn_bigbird.py::test_etc_encoder_prepends_and_removes_global_tokens',  # 13
+  'test_train.py::test_damaged_checkpoints_are_skipped_and_the_run_finishes_the_same',  # 12
+  'test_train.py::test_the_step_draws_the_key_the_loop_used_to_pass',  # 7
+  'test_recurrent.py::test_aux_loss_reaches_the_training_loss_with_its_weight',  # 11
+  'test_hostile_cli.py::test_train_with_a_broken_config_file_is_one_line_and_creates_nothing',  # 9
+  'test_configs_cli.py::test_per_layer_windows_train_a_smoke_step',  # 9
+  'test_reversible.py::test_ffn_chunks_equal_one_chunk_on_a_whole_model',  # 9
+  'test_hostile_files.py::test_a_resume_over_a_damaged_file_is_one_sentence_and_keeps_it[results.json-truncated]',
+  'test_scan_share.py::test_with_and_without_the_scan_and_the_scan_restored',  # 8
+  'test_wandb.py::test_offline_run_logs_the_scalars_once_and_resumes_the_same_id',  # 8
+  'test_estimate_probe.py::test_dry_run_without_earlier_runs_is_probed',  # 6
+  'test_multiprocess.py::test_a_process_without_its_peers_stops_after_the_timeout',  # 5
+  'test_hostile.py::test_checkpoints_of_another_model_are_refused_and_kept',  # 5
+  *(
+    f'test_options.py::test_every_option_from_the_command_line_then_one_step[{m}]'
+    for m in ('bigbird', 'linear_transformer', 'local', 'reformer', 's4d', 'sinkhorn', 'synthesizer')
+  ),
+  *(
+    f'test_models_tasks.py::test_model_traces_on_every_task[{case}]'
+    for case in ('based-False', 'linformer-True', 'performer-True', 's4d-False', 'sparse_transformer-False')
+  ),
+  'test_models_tasks.py::test_positions_trace_on_every_task[pia]',
+  'test_models_tasks.py::test_positions_trace_on_every_task[relative]',
+  *(
+    f'test_s5_reference.py::test_model_builds_and_train_step_traces[{t}]'
+    for t in ('text', 'retrieval', 'image', 'pathx')
+  ),
+  *(
+    f'test_mixer_suite.py::test_memory_grows_about_linearly[{m}]'
+    for m in ('based', 'gla', 'h3', 'hyena')
+  ),
+  *(
+    f'test_hostile_cli.py::test_console_scripts_help_names_their_flags[{s}]'
+    for s in ('lra-eval', 'lra-prepare', 'lra-sweep')
+  ),
+  'test_positions_length.py::test_classifier_at_2l_is_finite_and_shift_invariant[transformer_xl-relative]',
+  'test_positions_length.py::test_classifier_at_2l_is_finite_and_shift_invariant[transformer-sinusoidal]',
+  'test_positions_length.py::test_causal_lm_at_2l_first_outputs_equal_those_at_l[transformer_xl-relative]',
+  'test_positions_length.py::test_causal_lm_at_2l_first_outputs_equal_those_at_l[transformer-rotary]',
+  'test_tasks_train.py::test_train_smoke_on_task[retrieval]',  # 15
+  'test_models_tasks.py::test_model_trains_on_listops[reformer-False]',  # 10
+  'test_ssm_groups.py::test_groups_at_the_same_rate_and_decay_equal_plain_adamw',  # 8
+  'test_benchmark.py::test_ceiling_row_is_measured_beside_the_models',  # 5
+  'test_hostile_run.py::test_the_flag_is_in_the_usage',  # 5
+  # A third round (the line still took 12.5 min idle).
+  'test_sweep.py::test_failure_is_recorded_and_the_sweep_goes_on',  # with the
+  'test_sweep.py::test_second_invocation_skips_finished_runs',  # 55 s fixture
+  'test_recurrent.py::test_training_step_memory_grows_linearly_in_segments',  # 15
+  # A fourth (12:04 idle): two subprocess runs each; test_hostile_run's
+  # SIGTERM case and test_train's resume keep a signal and a stop in the line.
+  'test_train.py::test_non_finite_loss_stops_and_keeps_last_good_checkpoint',  # 28
+  'test_hostile.py::test_ctrl_c_twice_in_training_and_once_in_eval_are_clean',  # 26
+  'test_ssm_groups.py::test_the_group_takes_its_own_rate_and_no_decay',  # 9
 )
 
 
