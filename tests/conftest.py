@@ -25,8 +25,12 @@ os.environ['XLA_FLAGS'] = (
   + _FAST_COMPILE
 )
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# Tests never read or write the user's data directory.
-os.environ['LRA_DATA_DIR'] = tempfile.mkdtemp(prefix='lra_test_data_')
+# Tests never read or write the user's data directory: each pytest
+# process (the main one and each xdist worker) gets its own, removed when
+# its session ends (pytest_sessionfinish).
+_DATA_DIR = os.environ['LRA_DATA_DIR'] = tempfile.mkdtemp(
+  prefix='lra_test_data_'
+)
 # One persistent XLA compilation cache for the session's processes (both
 # pytest workers and every train.py / benchmark.py subprocess they start):
 # the smoke configs' steps compile once, not once per process. Executables
@@ -45,6 +49,7 @@ if _OWN_CACHE:
 
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
+  shutil.rmtree(_DATA_DIR, ignore_errors=True)
   if _OWN_CACHE:
     shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
@@ -133,6 +138,7 @@ def tree(folder):
 # mixer) stays in the line.
 SLOW = (
   # Whole runs in subprocesses (seconds in that idle run).
+  'test_race.py::test_gemm_rows_have_both_sides',  # 3 (with torch; 0.5 GB products)
   'test_devicecheck.py::test_tiny_run_completes_within_its_budget',  # 77
   'test_multiprocess.py::test_eval_with_two_processes_counts_each_example_once',  # 77
   'test_sweep.py::test_interrupt_then_rerun_equals_an_uninterrupted_run',  # 56

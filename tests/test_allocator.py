@@ -19,10 +19,11 @@ CONFIG = [
 ]
 # One device, so the buffers are not split between fake devices.
 ONE_DEVICE = {'XLA_FLAGS': ''}
-# Page faults a step may take with the setting: the median step's of 7
-# (the heap grows in a few of the first steps, as XLA takes the next temp
-# before the last one is freed and the one heap fragments); with glibc's
-# defaults each step faults on every page of its temp (about 36,000).
+# Page faults a step may take beyond the growth of the resident set (a
+# kept heap faults only on pages it keeps; how many of the first steps grow
+# it depends on the order of XLA's frees, which the machine's load moves);
+# with glibc's defaults each step faults on every page of its temp again
+# (about 36,000).
 BOUND = 2_000
 
 
@@ -40,7 +41,7 @@ def test_faults_per_step_under_bound(rows):
   row = rows['keep']
   assert 'error' not in row, row
   assert row['allocator'] == 'keep'
-  assert row['minflt_median_per_step'] < BOUND, row
+  assert row['refaults_per_step'] < BOUND, row
   # Over the timed steps, growth included, fewer than glibc's defaults.
   assert row['minflt_per_step'] < rows['system']['minflt_per_step'], row
 
@@ -50,6 +51,7 @@ def test_opt_out_turns_it_off(rows):
   assert 'error' not in row, row
   assert row['allocator'] == 'system'
   # glibc's defaults fault on every page of the step's buffers.
+  assert row['refaults_per_step'] > 10 * BOUND, row
   assert row['minflt_median_per_step'] > 10 * BOUND, row
 
 

@@ -1,6 +1,7 @@
 """experiments/race/race.py: each pair computes the same thing on both sides
 (outputs and gradients equal), checked at a small size. Needs the peers
-(pip install torch local-attention linformer); skipped without them."""
+(pip install torch local-attention linformer performer-pytorch); each pair
+skipped without its peer."""
 
 import pytest
 
@@ -15,6 +16,8 @@ def test_pair_sides_agree(pair):
     pytest.importorskip('local_attention')
   if pair == 'linformer':
     pytest.importorskip('linformer')
+  if pair == 'performer':
+    pytest.importorskip('performer_pytorch')
   # 120 is not a multiple of Local's 50: the padded tail is compared too.
   p = race.Pair(pair, 1, 120, 2, 8)
   assert p.max_relative_difference < race.TOLERANCE
@@ -28,3 +31,12 @@ def test_unequal_sides_are_caught():
   p._peer_fn = lambda q, k, v: 1.01 * same(q, k, v)  # pylint: disable=protected-access
   with pytest.raises(AssertionError, match='differ'):
     p.check()
+
+
+def test_gemm_rows_have_both_sides():
+  from experiments.race import gemm  # pylint: disable=g-import-not-at-top
+
+  rows = gemm.measure(rounds=1)
+  assert [r['product'] for r in rows] == list(gemm.SHAPES)
+  for r in rows:
+    assert r['jax_ms'] > 0 and r['torch_ms'] > 0 and r['torch_over_jax'] > 0

@@ -85,6 +85,15 @@ def _usage():
   return np.array([r.ru_utime, r.ru_stime, r.ru_minflt, time.perf_counter()])
 
 
+def _resident_pages():
+  """Pages resident now (/proc/self/statm), or None off Linux."""
+  try:
+    with open('/proc/self/statm') as f:
+      return int(f.read().split()[1])
+  except (OSError, IndexError, ValueError):
+    return None
+
+
 def measure_step(config_argv, batch_size, steps, warmup) -> dict:
   """One cell in this process: the costs of its timed steps."""
   # Imported here: the parent process needs none of JAX.
@@ -120,12 +129,19 @@ def measure_step(config_argv, batch_size, steps, warmup) -> dict:
     ),
   )
   compiled = train_step.lower(state, batch).compile()
-  marks = [_usage()]
+  marks, resident = [_usage()], [_resident_pages()]
   for _ in range(warmup + steps):
     state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     marks.append(_usage())
+    resident.append(_resident_pages())
   user, system, faults, wall = (marks[-1] - marks[warmup]) / steps
+  # A fault on a page that stays resident is growth; the rest fault again
+  # on pages given back since (glibc's defaults: every page of every step).
+  refaults = None
+  if None not in resident:
+    growth = max(resident[-1] - resident[warmup], 0)
+    refaults = float(max(faults * steps - growth, 0) / steps)
   return {
     'allocator': allocator.configure(),
     'task': config.task,
@@ -141,6 +157,10 @@ def measure_step(config_argv, batch_size, steps, warmup) -> dict:
     'minflt_median_per_step': float(
       np.median(np.diff([m[2] for m in marks[warmup:]]))
     ),
+    # Faults per timed step beyond the resident set's growth (None off
+    # Linux): pages faulted again after being given back. Independent of
+    # when the heap happens to grow, which the order of XLA's frees decides.
+    'refaults_per_step': refaults,
     # Each step's own faults, warm-up first: where the heap grows.
     'minflt_steps': [int(b[2] - a[2]) for a, b in zip(marks, marks[1:])],
     'warmup_minflt': int(marks[warmup][2] - marks[0][2]),
@@ -197,6 +217,7 @@ COLUMNS = (
   ('system_over_user', 'system/user', '{:.1%}'),
   ('minflt_per_step', 'minor faults/step', '{:,.0f}'),
   ('minflt_median_per_step', 'median step faults', '{:,.0f}'),
+  ('refaults_per_step', 'faults beyond growth/step', '{:,.0f}'),
   ('warmup_minflt', 'warm-up faults', '{:,.0f}'),
   ('max_rss_mb', 'peak RSS MB', '{:,.0f}'),
 )
@@ -224,7 +245,11 @@ def table(rows) -> str:
         str(len(ok)),
       ]
       cells += [
-        fmt.format(float(np.median([r[key] for r in ok])))
+        (
+          fmt.format(float(np.median([r[key] for r in ok])))
+          if all(r.get(key) is not None for r in ok)
+          else 'n/a'
+        )
         if key != 'minflt_median_per_step'
         # Over every timed step of the runs: one step's growth of the heap
         # is one of 3 in a run's own median.

@@ -1,6 +1,6 @@
 r"""Our attention against the PyTorch module a user would pick, on the CPU.
 
-  pip install torch local-attention linformer   # the peers (not required)
+  pip install torch local-attention linformer performer-pytorch   # the peers
   python -m experiments.race.race --lengths 1024,4096 --rounds 5 --out runs/race
 
 Each pair runs the same computation on the same float32 inputs, forward +
@@ -28,6 +28,13 @@ Pairs (B = --batch, H = --heads, D = --head_dim, L the length):
                      q, k, v and output projections, against
                      linformer.LinformerSelfAttention (which has them built
                      in), with its weights copied into ours
+  performer          our FAVOR+ core (256 positive orthogonal features, the
+                     model's default) against performer_pytorch.FastAttention
+                     (nb_features=256) on the same q, k, v, its projection
+                     matrix copied into ours for every head; the peer's
+                     kernel is called with eps = 0 (by default it adds 1e-4
+                     to every feature, where ours adds nothing; the work is
+                     the same)
 Each side uses the threads its library starts with (all cores).
 
 Writes race.json and race.md to --out when given; prints the table.
@@ -49,14 +56,15 @@ from lra.errors import UserError
 from models.attention import registry
 from models.attention.base import Mask
 
-PAIRS = ('transformer', 'transformer_fused', 'local', 'linformer')
+PAIRS = ('transformer', 'transformer_fused', 'local', 'linformer', 'performer')
 PEERS = {
   'transformer': 'torch.nn.functional.scaled_dot_product_attention',
   'transformer_fused': 'torch.nn.functional.scaled_dot_product_attention',
   'local': 'local_attention.LocalAttention',
   'linformer': 'linformer.LinformerSelfAttention',
+  'performer': 'performer_pytorch.FastAttention',
 }
-INSTALL = 'pip install torch local-attention linformer'
+INSTALL = 'pip install torch local-attention linformer performer-pytorch'
 TOLERANCE = 1e-3
 
 
@@ -80,6 +88,10 @@ def _peer_module(pair):
       import linformer  # pylint: disable=g-import-not-at-top
 
       return linformer
+    if pair == 'performer':
+      from performer_pytorch import performer_pytorch  # pylint: disable=g-import-not-at-top
+
+      return performer_pytorch
   except ImportError:
     raise UserError(f'the {pair} peer is not installed: {INSTALL}') from None
   return None
@@ -120,6 +132,8 @@ class Pair:
     else:
       qkv = [rng.standard_normal((b, length, h, d), np.float32) for _ in '123']
       options, core = _core(model, d, h, length)
+      if pair == 'performer':
+        self._performer_peer(torch, core, d, h)
       padding = np.ones((b, length), bool) if pair == 'local' else None
       self._ours_core(core, qkv, padding)
       self._peer_core(torch, pair, options, qkv, padding, h)
@@ -165,7 +179,9 @@ class Pair:
       torch.tensor(a.transpose(0, 2, 1, 3).copy(), requires_grad=True)
       for a in qkv
     ]
-    if pair == 'local':
+    if pair == 'performer':
+      self._peer_fn = self._performer
+    elif pair == 'local':
       local = _peer_module('local').LocalAttention(
         window_size=options['block_size'],
         causal=False,
@@ -194,6 +210,25 @@ class Pair:
     return self._to_ours_layout(out), [
       self._to_ours_layout(t.grad) for t in self._peer_inputs
     ]
+
+  # --------------------------------------------------------- performer
+  def _performer_peer(self, torch, core, d, h):
+    module = _peer_module('performer')
+    torch.manual_seed(0)
+    peer = module.FastAttention(dim_heads=d, nb_features=core.num_features)
+    w_FxD = peer.projection_matrix.detach().numpy()
+    core.features[...] = jnp.asarray(np.broadcast_to(w_FxD, (h, *w_FxD.shape)))
+    self._performer_module, self._performer_attention = module, peer
+
+  def _performer(self, q, k, v):
+    # FastAttention.forward with the kernel's eps set to 0: the same
+    # functions of the peer's module, in the same order.
+    module, peer = self._performer_module, self._performer_attention
+    kernel = module.softmax_kernel
+    w = peer.projection_matrix
+    q = kernel(q, projection_matrix=w, is_query=True, eps=0.0)
+    k = kernel(k, projection_matrix=w, is_query=False, eps=0.0)
+    return module.linear_attention(q, k, v)
 
   # --------------------------------------------------------- linformer
   def _linformer(self, torch, x, h, d, length):
