@@ -217,3 +217,48 @@ SUITE = dict(
   exact_padding=False,
   causal=None,
 )
+
+
+@pytest.mark.parametrize('share_kv', [False, True])
+def test_the_layer_projects_inputs_before_their_weights(share_kv):
+  """MultiHeadAttention with a head-shared Linformer projects x along
+  length first ((E^T x) W): the same output and gradients as the core on
+  the projected keys and values (E^T (x W)), padding included, and the
+  reordered path is the one taken (the core sees k rows, not L)."""
+  from models.layers import MultiHeadAttention  # pylint: disable=g-import-not-at-top
+
+  length, emb, k_slots = 24, 16, 8
+  attention = {'name': 'linformer', 'proj_length': k_slots, 'share_kv': share_kv}
+  layer = MultiHeadAttention(
+    emb, H * D, H, attention, max_length=length, dropout_rate=0.0,
+    dtype=jnp.float32, rngs=nnx.Rngs(0),
+  )
+  x = jax.random.normal(jax.random.key(1), (B, length, emb))
+  pad = jnp.arange(length)[None, :] < jnp.array([[length], [15]])
+  mask = Mask(pad, False)
+
+  def reference(layer, x):  # the keys' and values' L rows projected
+    heads = lambda t: t.reshape(B, length, H, D)  # noqa: E731
+    q, k, v = (heads(p(x)) for p in (layer.query, layer.key, layer.value))
+    out = layer.core(q, k, v, mask)[0]
+    return layer.out(out.reshape(B, length, -1))
+
+  seen = []
+  call = type(layer.core).__call__
+
+  def spy(self, q, k, v, *args, **kw):
+    seen.append(k.shape[1])
+    return call(self, q, k, v, *args, **kw)
+
+  type(layer.core).__call__ = spy
+  try:
+    ours = layer(x, mask)[0]
+  finally:
+    type(layer.core).__call__ = call
+  assert seen == [k_slots]
+  np.testing.assert_allclose(ours, reference(layer, x), rtol=1e-5, atol=1e-5)
+  loss = lambda f: lambda m, x: jnp.sum(jnp.sin(f(m, x)))  # noqa: E731
+  g_ours = nnx.grad(loss(lambda m, x: m(x, mask)[0]), argnums=(0, 1))(layer, x)
+  g_ref = nnx.grad(loss(reference), argnums=(0, 1))(layer, x)
+  for a, b in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -24,8 +24,10 @@ Pairs (B = --batch, H = --heads, D = --head_dim, L the length):
                      given an all-True key padding mask (the peer masks its
                      padded tail only through one)
   linformer          a self-attention layer on x [B, L, H x D]: our Linformer
-                     core (k = 256, E, F shared over heads) between the same
-                     q, k, v and output projections, against
+                     core (k = 256, E, F shared over heads) with the same
+                     q, k, v and output projections, as our layer runs it
+                     (x projected along length first, (E^T x) W_k, which
+                     equals the peer's E^T (x W_k)), against
                      linformer.LinformerSelfAttention (which has them built
                      in), with its weights copied into ours
   performer          our FAVOR+ core (256 positive orthogonal features, the
@@ -251,13 +253,16 @@ class Pair:
     b = x.shape[0]
 
     def forward(params, inputs):
+      # As models/layers.py MultiHeadAttention does for this core: the
+      # length projection first, then W_k, W_v on the k projected rows.
       (x_BxLxE,) = inputs
       module = nnx.merge(graphdef, params['core'], rest)
-      q, k, v = (
-        (x_BxLxE @ params[n]).reshape(b, length, h, d)
-        for n in ('to_q', 'to_k', 'to_v')
-      )
-      out_BxLxHxD, _ = module(q, k, v, Mask(None, False))
+      mask = Mask(None, False)
+      heads = lambda t: t.reshape(b, -1, h, d)  # noqa: E731
+      q = heads(x_BxLxE @ params['to_q'])
+      xk, xv = module.project_inputs(x_BxLxE, x_BxLxE, mask)
+      k, v = heads(xk @ params['to_k']), heads(xv @ params['to_v'])
+      out_BxLxHxD, _ = module(q, k, v, mask, projected=True)
       return (
         out_BxLxHxD.reshape(b, length, h * d) @ params['to_out']
         + (params['bias'])

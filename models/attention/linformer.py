@@ -97,25 +97,71 @@ class LinformerAttention(AttentionCore):
       None if share_kv else nnx.Param(init(rngs.params(), shape, jnp.float32))
     )
 
-  def __call__(
-    self, q_BxLxHxD, k_BxMxHxD, v_BxMxHxD, mask, *, rngs=None, memory=None
-  ):
-    del memory
-    refuse_causal(self, mask, ' (its projections mix all positions)')
-    m = k_BxMxHxD.shape[1]
-    if m > self.max_length or q_BxLxHxD.shape[1] > self.max_length:
+  def _check_length(self, length):
+    if length > self.max_length:
       raise UserError(
-        f'Linformer got length {max(m, q_BxLxHxD.shape[1])} but was built '
+        f'Linformer got length {length} but was built '
         f'for max_length {self.max_length}; raise --config.max_length.'
       )
+
+  @property
+  def projects_inputs(self):
+    """Whether `project_inputs` applies (one E, F shared by the heads)."""
+    return self.share_heads
+
+  def project_inputs(self, k_in_BxMxE, v_in_BxMxE, mask):
+    """(E^T k_in, F^T v_in) [B, k, E]: the length projection applied to
+    the layer's key and value inputs, before their projections. A layer
+    whose key and value projections have no bias calls this, projects the
+    k rows, then calls __call__ with projected=True: E^T (x W) = (E^T x) W,
+    so W multiplies k rows instead of M. Padded rows are zeroed first, as
+    __call__ zeroes padded keys and values."""
+    refuse_causal(self, mask, ' (its projections mix all positions)')
+    if not self.share_heads:
+      raise ValueError('project_inputs needs share_heads=True')
+    m = k_in_BxMxE.shape[1]
+    self._check_length(m)
     if mask.key_padding_BxM is not None:
-      real_BxMx1x1 = mask.key_padding_BxM[:, :, None, None]
-      k_BxMxHxD = jnp.where(real_BxMx1x1, k_BxMxHxD, 0)
-      v_BxMxHxD = jnp.where(real_BxMx1x1, v_BxMxHxD, 0)
+      real_BxMx1 = mask.key_padding_BxM[:, :, None]
+      k_in_BxMxE = jnp.where(real_BxMx1, k_in_BxMxE, 0)
+      v_in_BxMxE = jnp.where(real_BxMx1, v_in_BxMxE, 0)
     e = self.e_MxK[...]
     f = e if self.f_MxK is None else self.f_MxK[...]
-    kp_BxHxKxD = self._project(k_BxMxHxD, e)
-    vp_BxHxKxD = self._project(v_BxMxHxD, f)
+
+    def project(x_BxMxE, p_MxK):
+      return jnp.einsum('bme,mk->bke', x_BxMxE, p_MxK[:m].astype(x_BxMxE.dtype))
+
+    return project(k_in_BxMxE, e), project(v_in_BxMxE, f)
+
+  def __call__(
+    self,
+    q_BxLxHxD,
+    k_BxMxHxD,
+    v_BxMxHxD,
+    mask,
+    *,
+    rngs=None,
+    memory=None,
+    projected=False,
+  ):
+    """projected: k and v are already the k projected slots [B, k, H, D]
+    (the layer used `project_inputs`); otherwise the M keys and values."""
+    del memory
+    refuse_causal(self, mask, ' (its projections mix all positions)')
+    self._check_length(q_BxLxHxD.shape[1])
+    if projected:
+      kp_BxHxKxD = k_BxMxHxD.transpose(0, 2, 1, 3)
+      vp_BxHxKxD = v_BxMxHxD.transpose(0, 2, 1, 3)
+    else:
+      self._check_length(k_BxMxHxD.shape[1])
+      if mask.key_padding_BxM is not None:
+        real_BxMx1x1 = mask.key_padding_BxM[:, :, None, None]
+        k_BxMxHxD = jnp.where(real_BxMx1x1, k_BxMxHxD, 0)
+        v_BxMxHxD = jnp.where(real_BxMx1x1, v_BxMxHxD, 0)
+      e = self.e_MxK[...]
+      f = e if self.f_MxK is None else self.f_MxK[...]
+      kp_BxHxKxD = self._project(k_BxMxHxD, e)
+      vp_BxHxKxD = self._project(v_BxMxHxD, f)
     # Every projected slot is visible. An example with no real key has
     # K' = V' = 0: uniform weights over zero values, so its output is
     # exactly 0 without a mask (a mask would cost one more L x k select).
