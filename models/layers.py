@@ -72,20 +72,6 @@ class MultiHeadAttention(nnx.Module):
     self.value = linear(emb_dim, qkv_dim)
     self.out = linear(qkv_dim, emb_dim)
 
-  def _projects_inputs(self, memory, extra):
-    """Whether the core projects the key and value inputs along length
-    before their (bias-free) projections: it offers it, keys are their own
-    projection, no rotary, no memory."""
-    return (
-      getattr(self.core, 'projects_inputs', False)
-      and self.key is not None
-      and not self.key.use_bias
-      and not self.value.use_bias
-      and self.positions != 'rotary'
-      and memory is None
-      and not extra
-    )
-
   def __call__(self, x_BxLxE, mask, *, key=None, memory=None, offset=0):
     """offset: the position of x's first token under rotary positions (a
     recurrent encoder passes its segment's start, so cached keys and the
@@ -100,24 +86,20 @@ class MultiHeadAttention(nnx.Module):
     # them) and their window positions in `extra`, which the core adds.
     q_in_BxLxE, k_in_BxLxE, extra = pia_qk_inputs(self, x_BxLxE, memory)
     q_BxLxHxD = heads(self.query(q_in_BxLxE))
-    if self._projects_inputs(memory, extra):
+    if getattr(self.core, 'projects_inputs', False) and self.key is not None:
       # Linformer: the length projection before the key and value
-      # projections, E^T (x W) = (E^T x) W (no bias): W multiplies its k
-      # slots, not L rows (models/attention/linformer.py project_inputs).
+      # projections (bias-free), E^T (x W) = (E^T x) W, so W multiplies k
+      # slots, not L rows (models/attention/linformer.py project_inputs;
+      # such a core takes neither rotary positions nor memory).
       k_in_BxKxE, v_in_BxKxE = self.core.project_inputs(
         k_in_BxLxE, x_BxLxE, mask
       )
-      out_BxLxHxD, aux = self.core(
-        q_BxLxHxD,
-        heads(self.key(k_in_BxKxE)),
-        heads(self.value(v_in_BxKxE)),
-        mask,
-        rngs=key,
-        projected=True,
-      )
-      return self.out(out_BxLxHxD.reshape(b, length, -1)), aux
-    k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(k_in_BxLxE))
-    v_BxLxHxD = heads(self.value(x_BxLxE))
+      k_BxLxHxD = heads(self.key(k_in_BxKxE))  # [B, k, H, D] here
+      v_BxLxHxD = heads(self.value(v_in_BxKxE))
+      extra = {**extra, 'projected': True}
+    else:
+      k_BxLxHxD = q_BxLxHxD if self.key is None else heads(self.key(k_in_BxLxE))
+      v_BxLxHxD = heads(self.value(x_BxLxE))
     if self.positions == 'rotary':  # shared q/k: rotated once
       q_BxLxHxD = rotate(q_BxLxHxD, offset)
       k_BxLxHxD = q_BxLxHxD if self.key is None else rotate(k_BxLxHxD, offset)

@@ -228,10 +228,20 @@ def test_the_layer_projects_inputs_before_their_weights(share_kv):
   from models.layers import MultiHeadAttention  # pylint: disable=g-import-not-at-top
 
   length, emb, k_slots = 24, 16, 8
-  attention = {'name': 'linformer', 'proj_length': k_slots, 'share_kv': share_kv}
+  attention = {
+    'name': 'linformer',
+    'proj_length': k_slots,
+    'share_kv': share_kv,
+  }
   layer = MultiHeadAttention(
-    emb, H * D, H, attention, max_length=length, dropout_rate=0.0,
-    dtype=jnp.float32, rngs=nnx.Rngs(0),
+    emb,
+    H * D,
+    H,
+    attention,
+    max_length=length,
+    dropout_rate=0.0,
+    dtype=jnp.float32,
+    rngs=nnx.Rngs(0),
   )
   x = jax.random.normal(jax.random.key(1), (B, length, emb))
   pad = jnp.arange(length)[None, :] < jnp.array([[length], [15]])

@@ -68,22 +68,25 @@ def measure(rounds, seed=0):
       jax_ms.append(_ms(ours))
       torch_ms.append(_ms(peer))
     flop = 2 * np.prod(sa) * sb[-1]
-    rows.append({
-      'product': name,
-      'jax_ms': statistics.median(jax_ms),
-      'torch_ms': statistics.median(torch_ms),
-      'torch_over_jax': statistics.median(
-        t / j for t, j in zip(torch_ms, jax_ms)
-      ),
-      'jax_gflops': flop / statistics.median(jax_ms) / 1e6,
-      'torch_gflops': flop / statistics.median(torch_ms) / 1e6,
-    })
+    rows.append(
+      {
+        'product': name,
+        'jax_ms': statistics.median(jax_ms),
+        'torch_ms': statistics.median(torch_ms),
+        'torch_over_jax': statistics.median(
+          t / j for t, j in zip(torch_ms, jax_ms)
+        ),
+        'jax_gflops': flop / statistics.median(jax_ms) / 1e6,
+        'torch_gflops': flop / statistics.median(torch_ms) / 1e6,
+      }
+    )
   return rows
 
 
 def markdown(rows):
   out = [
-    '| product | JAX ms | torch ms | torch / JAX | JAX GFLOP/s | torch GFLOP/s |',
+    '| product | JAX ms | torch ms | torch / JAX | JAX GFLOP/s '
+    '| torch GFLOP/s |',
     '|---|---|---|---|---|---|',
   ]
   for r in rows:

@@ -23,13 +23,13 @@ Pairs (B = --batch, H = --heads, D = --head_dim, L the length):
                      look_backward=0, look_forward=0, autopad=True), both
                      given an all-True key padding mask (the peer masks its
                      padded tail only through one)
-  linformer          a self-attention layer on x [B, L, H x D]: our Linformer
-                     core (k = 256, E, F shared over heads) with the same
-                     q, k, v and output projections, as our layer runs it
-                     (x projected along length first, (E^T x) W_k, which
-                     equals the peer's E^T (x W_k)), against
-                     linformer.LinformerSelfAttention (which has them built
-                     in), with its weights copied into ours
+  linformer          a self-attention layer on x [B, L, H x D]: our model's
+                     attention layer (models/layers.py MultiHeadAttention,
+                     the Linformer core with k = 256, E, F shared over heads;
+                     it projects x along length first, (E^T x) W_k, equal to
+                     the peer's E^T (x W_k)) plus the peer's output bias,
+                     against linformer.LinformerSelfAttention, its weights
+                     copied into ours
   performer          our FAVOR+ core (256 positive orthogonal features, the
                      model's default) against performer_pytorch.FastAttention
                      (nb_features=256) on the same q, k, v, its projection
@@ -57,6 +57,7 @@ from lra.bench.layer import layer_options
 from lra.errors import UserError
 from models.attention import registry
 from models.attention.base import Mask
+from models.layers import MultiHeadAttention
 
 PAIRS = ('transformer', 'transformer_fused', 'local', 'linformer', 'performer')
 PEERS = {
@@ -238,37 +239,42 @@ class Pair:
     peer = _peer_module('linformer').LinformerSelfAttention(
       dim=h * d, seq_len=length, k=256, heads=h, dim_head=d
     )
-    options, core = _core('linformer', d, h, length)
+    options = layer_options('linformer')
     if options['proj_length'] != 256 or not options['share_heads']:
       raise UserError('the linformer pair expects k = 256 shared over heads.')
-    # The peer's weights in ours: E, F [L, k]; the Linears' [out, in].
-    core.e_MxK[...] = jnp.asarray(peer.proj_k.detach().numpy())
-    core.f_MxK[...] = jnp.asarray(peer.proj_v.detach().numpy())
-    w = {
-      n: jnp.asarray(getattr(peer, n).weight.detach().numpy().T)
-      for n in ('to_q', 'to_k', 'to_v', 'to_out')
-    }
-    w['bias'] = jnp.asarray(peer.to_out.bias.detach().numpy())
-    graphdef, core_params, rest = nnx.split(core, nnx.Param, ...)
-    b = x.shape[0]
+    # Our model's attention layer itself, the peer's weights in it: E, F
+    # [L, k]; nnx.Linear kernels [in, out] are torch's weights transposed.
+    layer = MultiHeadAttention(
+      h * d,
+      h * d,
+      h,
+      options,
+      max_length=length,
+      dropout_rate=0.0,
+      dtype=jnp.float32,
+      rngs=nnx.Rngs(0),
+    )
+    layer.core.e_MxK[...] = jnp.asarray(peer.proj_k.detach().numpy())
+    layer.core.f_MxK[...] = jnp.asarray(peer.proj_v.detach().numpy())
+    for ours, theirs in (
+      (layer.query, peer.to_q),
+      (layer.key, peer.to_k),
+      (layer.value, peer.to_v),
+      (layer.out, peer.to_out),
+    ):
+      ours.kernel[...] = jnp.asarray(theirs.weight.detach().numpy().T)
+    # The peer's output projection has a bias; our layer's has none.
+    bias = jnp.asarray(peer.to_out.bias.detach().numpy())
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
 
     def forward(params, inputs):
-      # As models/layers.py MultiHeadAttention does for this core: the
-      # length projection first, then W_k, W_v on the k projected rows.
       (x_BxLxE,) = inputs
-      module = nnx.merge(graphdef, params['core'], rest)
-      mask = Mask(None, False)
-      heads = lambda t: t.reshape(b, -1, h, d)  # noqa: E731
-      q = heads(x_BxLxE @ params['to_q'])
-      xk, xv = module.project_inputs(x_BxLxE, x_BxLxE, mask)
-      k, v = heads(xk @ params['to_k']), heads(xv @ params['to_v'])
-      out_BxLxHxD, _ = module(q, k, v, mask, projected=True)
-      return (
-        out_BxLxHxD.reshape(b, length, h * d) @ params['to_out']
-        + (params['bias'])
+      out, _ = nnx.merge(graphdef, params['layer'], rest)(
+        x_BxLxE, Mask(None, False)
       )
+      return out + params['bias']
 
-    self._ours_args = ({**w, 'core': core_params}, (jnp.asarray(x),))
+    self._ours_args = ({'layer': params, 'bias': bias}, (jnp.asarray(x),))
     self._compile(forward)
     self._peer_inputs = [torch.tensor(x, requires_grad=True)]
     self._peer_fn = peer

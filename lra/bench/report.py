@@ -29,7 +29,10 @@ Redrawn from an archived benchmark.json, with no measuring:
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import sys
 
 from lra.report import plotstyle
 from lra.report.bubble import (  # noqa: F401 (the bubble chart's names)
@@ -474,10 +477,6 @@ def write_report(rows, out, seconds=None, load=None):
 
 def main(argv=None):
   """Writes benchmark.md, speed.png and memory.png from a benchmark.json."""
-  import argparse  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
   parser = argparse.ArgumentParser(
     prog='python -m lra.bench.report',
     description='Redraw a benchmark.py report from its benchmark.json.',

@@ -110,28 +110,14 @@ class LinformerAttention(AttentionCore):
     return self.share_heads
 
   def project_inputs(self, k_in_BxMxE, v_in_BxMxE, mask):
-    """(E^T k_in, F^T v_in) [B, k, E]: the length projection applied to
-    the layer's key and value inputs, before their projections. A layer
-    whose key and value projections have no bias calls this, projects the
-    k rows, then calls __call__ with projected=True: E^T (x W) = (E^T x) W,
-    so W multiplies k rows instead of M. Padded rows are zeroed first, as
-    __call__ zeroes padded keys and values."""
-    refuse_causal(self, mask, ' (its projections mix all positions)')
+    """(E^T k_in, F^T v_in) [B, k, E]: the length projection of the layer's
+    key and value inputs, before their projections. A layer whose key and
+    value projections have no bias projects these k rows, then calls
+    __call__ with projected=True: E^T (x W) = (E^T x) W, so W multiplies k
+    rows instead of M."""
     if not self.share_heads:
       raise ValueError('project_inputs needs share_heads=True')
-    m = k_in_BxMxE.shape[1]
-    self._check_length(m)
-    if mask.key_padding_BxM is not None:
-      real_BxMx1 = mask.key_padding_BxM[:, :, None]
-      k_in_BxMxE = jnp.where(real_BxMx1, k_in_BxMxE, 0)
-      v_in_BxMxE = jnp.where(real_BxMx1, v_in_BxMxE, 0)
-    e = self.e_MxK[...]
-    f = e if self.f_MxK is None else self.f_MxK[...]
-
-    def project(x_BxMxE, p_MxK):
-      return jnp.einsum('bme,mk->bke', x_BxMxE, p_MxK[:m].astype(x_BxMxE.dtype))
-
-    return project(k_in_BxMxE, e), project(v_in_BxMxE, f)
+    return self._along_length(k_in_BxMxE, v_in_BxMxE, mask)
 
   def __call__(
     self,
@@ -149,26 +135,15 @@ class LinformerAttention(AttentionCore):
     del memory
     refuse_causal(self, mask, ' (its projections mix all positions)')
     self._check_length(q_BxLxHxD.shape[1])
-    if projected:
-      kp_BxHxKxD = k_BxMxHxD.transpose(0, 2, 1, 3)
-      vp_BxHxKxD = v_BxMxHxD.transpose(0, 2, 1, 3)
-    else:
-      self._check_length(k_BxMxHxD.shape[1])
-      if mask.key_padding_BxM is not None:
-        real_BxMx1x1 = mask.key_padding_BxM[:, :, None, None]
-        k_BxMxHxD = jnp.where(real_BxMx1x1, k_BxMxHxD, 0)
-        v_BxMxHxD = jnp.where(real_BxMx1x1, v_BxMxHxD, 0)
-      e = self.e_MxK[...]
-      f = e if self.f_MxK is None else self.f_MxK[...]
-      kp_BxHxKxD = self._project(k_BxMxHxD, e)
-      vp_BxHxKxD = self._project(v_BxMxHxD, f)
+    if not projected:
+      k_BxMxHxD, v_BxMxHxD = self._along_length(k_BxMxHxD, v_BxMxHxD, mask)
     # Every projected slot is visible. An example with no real key has
     # K' = V' = 0: uniform weights over zero values, so its output is
     # exactly 0 without a mask (a mask would cost one more L x k select).
     out_BxHxLxD = attend(
       q_BxLxHxD.transpose(0, 2, 1, 3),
-      kp_BxHxKxD,
-      vp_BxHxKxD,
+      k_BxMxHxD.transpose(0, 2, 1, 3),
+      v_BxMxHxD.transpose(0, 2, 1, 3),
       True,
       scale=self.scale,
       rate=self.dropout_rate,
@@ -176,15 +151,28 @@ class LinformerAttention(AttentionCore):
     )
     return out_BxHxLxD.transpose(0, 2, 1, 3).astype(self.dtype), {}
 
-  def _project(self, x_BxMxHxD, proj):
-    """E^T x along the length axis (sliced to M rows), in x's dtype.
+  def _along_length(self, k, v, mask):
+    """(E^T k, F^T v) along axis 1 (M -> k), padded rows zeroed first (so
+    they contribute nothing), in the inputs' dtype: [B, M, H, D] ->
+    [B, k, H, D], or [B, M, E] -> [B, k, E] with E, F shared by the heads.
 
     A plain matmul in the compute dtype (XLA accumulates bf16 products in
     float32); the softmax over the k slots is float32 inside `attend`.
     """
-    m = x_BxMxHxD.shape[1]
+    m = k.shape[1]
+    self._check_length(m)
+    if mask.key_padding_BxM is not None:
+      real = mask.key_padding_BxM.reshape(
+        mask.key_padding_BxM.shape + (1,) * (k.ndim - 2)
+      )
+      k, v = jnp.where(real, k, 0), jnp.where(real, v, 0)
+    e = self.e_MxK[...]
+    f = e if self.f_MxK is None else self.f_MxK[...]
     if self.share_heads:
-      spec, proj = 'bmhd,mk->bhkd', proj[:m]
+      spec, e, f = 'bm...,mk->bk...', e[:m], f[:m]
     else:
-      spec, proj = 'bmhd,hmk->bhkd', proj[:, :m]
-    return jnp.einsum(spec, x_BxMxHxD, proj.astype(x_BxMxHxD.dtype))
+      spec, e, f = 'bmhd,hmk->bkhd', e[:, :m], f[:, :m]
+    return (
+      jnp.einsum(spec, k, e.astype(k.dtype)),
+      jnp.einsum(spec, v, f.astype(v.dtype)),
+    )
